@@ -1,0 +1,192 @@
+"""The dispatch-level recorder behind stage 2 (trace).
+
+A TorchDispatchMode that sits above FakeTensorMode and sees every aten op the step
+dispatches, in execution order: forward, the autograd engine's backward, the optimizer.
+For each op it appends an fx node and an ``OpRecord``; for each storage it keeps a weak
+reference and notes the op after which the storage was released.  Releases come from the
+same reference counting that frees memory in a real run (Python references, autograd's
+saved tensors, the optimizer's state), so they are observed, not guessed.
+
+Only the recorder holds weak references; it never keeps a tensor alive.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from graphmem._torch_api import (
+    StorageWeakRef,
+    TorchDispatchMode,
+    autograd_sequence_nr,
+    current_autograd_node,
+    storage_key,
+)
+from graphmem.rules.registry import ArgMeta, Rule, scratch_bytes
+from graphmem.types import OpRecord, Phase, Role, StorageRecord
+
+__all__ = ["Recorder"]
+
+
+class _Storage:
+    """Mutable bookkeeping for one storage while recording; frozen into StorageRecord."""
+
+    __slots__ = ("sid", "ref", "nbytes", "created", "released", "roles", "label", "shape", "dtype")
+
+    def __init__(self, sid: int, ref: StorageWeakRef, nbytes: int, created: int,
+                 t: torch.Tensor) -> None:
+        self.sid, self.ref, self.nbytes, self.created = sid, ref, nbytes, created
+        self.released: int | None = None
+        self.roles: set[Role] = set()
+        self.label = ""
+        self.shape, self.dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+
+class Recorder(TorchDispatchMode):
+    """Records ops and storage lifetimes; see the module docstring."""
+
+    def __init__(self, rules: Mapping[torch._ops.OpOverload, Rule]) -> None:
+        super().__init__()
+        self.graph = torch.fx.Graph()
+        self.ops: list[OpRecord] = []
+        self.storages: list[_Storage] = []
+        self.phase, self.iteration = Phase.FORWARD, 0
+        self.module_stack: list[str] = []
+        self._rules = rules
+        self._live: dict[int, _Storage] = {}  # storage cdata -> record, for unreleased storages
+        self._nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> fx node
+        self._seq_starts: list[int] = []  # autograd sequence nr -> module, for backward ops
+        self._seq_modules: list[str] = []
+        self._owner: dict[int, str] = {}  # sid -> parameter name, for optimizer/grad ops
+        self._constants = 0
+
+    # -- storages ---------------------------------------------------------------------
+    def track(self, t: torch.Tensor, created: int) -> _Storage:
+        """The record of ``t``'s storage, created now if unseen."""
+        cdata, ref, nbytes = storage_key(t)
+        rec = self._live.get(cdata)
+        if rec is None or rec.ref.expired():
+            rec = _Storage(len(self.storages), ref, nbytes, created, t)
+            self.storages.append(rec)
+            self._live[cdata] = rec
+        return rec
+
+    def mark(self, t: torch.Tensor, role: Role, label: str = "", owner: str = "") -> None:
+        """Give ``t``'s storage a role (parameter, gradient, saved, ...), a name, and the
+        parameter it belongs to (for gradients and optimizer state)."""
+        rec = self.track(t, created=len(self.ops) - 1 if self.ops else -1)
+        rec.roles.add(role)
+        if label and not rec.label:
+            rec.label = label
+        if owner:
+            self._owner.setdefault(rec.sid, owner)
+
+    def add_placeholder(self, t: torch.Tensor, name: str) -> None:
+        node = self.graph.placeholder(name.replace(".", "_"))
+        self._nodes[t] = node
+
+    def poll(self) -> None:
+        """Note every storage released since the last op: it was live until that op."""
+        last = len(self.ops) - 1
+        dead = [cdata for cdata, rec in self._live.items() if rec.ref.expired()]
+        for cdata in dead:
+            self._live.pop(cdata).released = last
+
+    # -- modules ----------------------------------------------------------------------
+    def current_module(self, tensors: list[torch.Tensor]) -> str:
+        """Module path of the op running now: the forward module stack, the autograd node
+        being executed in backward, or the parameter an optimizer op works on."""
+        if self.phase in (Phase.FORWARD, Phase.LOSS) or (self.module_stack and self.phase == Phase.BACKWARD):
+            return self.module_stack[-1] if self.module_stack else ""
+        if self.phase == Phase.BACKWARD:
+            node = current_autograd_node()
+            if node is not None:
+                variable = getattr(node, "variable", None)  # AccumulateGrad
+                if isinstance(variable, torch.Tensor):
+                    return self._param_module(self.track(variable, -1).sid)
+                i = bisect.bisect_left(self._seq_starts, node._sequence_nr())
+                if self._seq_starts:
+                    return self._seq_modules[min(i, len(self._seq_modules) - 1)]
+            return ""
+        for t in tensors:
+            sid = self.track(t, len(self.ops)).sid
+            if sid in self._owner:
+                return self._param_module(sid)
+        # an optimizer temporary: it works on the same parameter as the op before it
+        return self.ops[-1].module if self.ops and self.ops[-1].phase == self.phase else ""
+
+    def _param_module(self, sid: int) -> str:
+        return self._owner.get(sid, "").rpartition(".")[0]
+
+    def _note_sequence(self, module: str) -> None:
+        # Autograd numbers the op's backward node before the op reaches this mode, so the
+        # newest number belongs to this op; backward ops look their node's number up here.
+        newest = autograd_sequence_nr() - 1
+        if not self._seq_starts or newest > self._seq_starts[-1]:
+            self._seq_starts.append(newest)
+            self._seq_modules.append(module)
+
+    # -- the mode ---------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.namespace in ("prim", "profiler"):  # device queries, profiler marks: no memory
+            return func(*args, **kwargs)
+        self.poll()
+        index = len(self.ops)
+        in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        in_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in in_tensors))
+        module = self.current_module(in_tensors)
+        if self.phase in (Phase.FORWARD, Phase.LOSS):
+            self._note_sequence(module)
+        scratch = self._scratch(func, args, kwargs)
+        out = func(*args, **kwargs)
+        out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
+        node = self._add_node(func, args, kwargs, out)
+        self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,
+                                 iteration=self.iteration, module=module, inputs=in_sids,
+                                 outputs=out_sids, scratch_bytes=scratch))
+        return out
+
+    def _scratch(self, func: Any, args: Any, kwargs: Any) -> int:
+        rule = self._rules.get(func)
+        if rule is None:
+            return 0
+        to_meta: Callable[[Any], Any] = lambda a: (  # noqa: E731
+            ArgMeta(tuple(a.shape), a.dtype, tuple(a.stride())) if isinstance(a, torch.Tensor) else a)
+        return scratch_bytes(rule, tree_map(to_meta, tuple(args)), tree_map(to_meta, dict(kwargs)))
+
+    def _add_node(self, func: Any, args: Any, kwargs: Any, out: Any) -> torch.fx.Node:
+        node_args, node_kwargs = tree_map(self._node_of, (tuple(args), dict(kwargs)))
+        node = self.graph.call_function(func, node_args, node_kwargs)
+        node.meta["graphmem"] = {"op_index": len(self.ops)}
+        if isinstance(out, torch.Tensor):
+            self._nodes[out] = node
+        elif isinstance(out, (tuple, list)):
+            for i, item in enumerate(out):
+                if isinstance(item, torch.Tensor):
+                    self._nodes[item] = self.graph.call_function(operator.getitem, (node, i))
+        return node
+
+    def _node_of(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        node = self._nodes.get(value)
+        if node is None:
+            self._constants += 1
+            node = self.graph.get_attr(f"_tensor_constant{self._constants}")
+            self._nodes[value] = node
+        return node
+
+    def freeze(self) -> tuple[StorageRecord, ...]:
+        """The storage records, final; call after the last poll."""
+        return tuple(
+            StorageRecord(sid=s.sid, nbytes=s.nbytes, created=s.created, released=s.released,
+                          roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
+            for s in self.storages)

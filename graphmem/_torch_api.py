@@ -1,0 +1,74 @@
+"""The only importer of torch private APIs.  Version checks live here.
+
+Every private name graphmem relies on is imported once, in this file, so that a torch
+upgrade that moves one breaks in one place with one clear message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "DATA_DEPENDENT_ERRORS",
+    "FakeTensorMode",
+    "StorageWeakRef",
+    "TorchDispatchMode",
+    "UnsupportedOperatorException",
+    "autograd_sequence_nr",
+    "current_autograd_node",
+    "new_fake_mode",
+    "storage_key",
+    "to_fake",
+]
+
+MIN_TORCH = (2, 4)
+if tuple(int(p) for p in torch.__version__.split(".")[:2]) < MIN_TORCH:  # pragma: no cover
+    raise ImportError(f"graphmem needs torch >= 2.4, found {torch.__version__}")
+
+# Raised by FakeTensor when a model reads a tensor's value or creates a value-dependent shape.
+DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+def new_fake_mode() -> FakeTensorMode:
+    """A FakeTensorMode that refuses real tensors, so no real memory can sneak in."""
+    return FakeTensorMode(allow_non_fake_inputs=False)
+
+
+def to_fake(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Turn a meta tensor into a fake tensor on ``device`` with the same shape and strides.
+
+    The fake tensor reports ``device`` (so device-dependent code paths take the target's
+    branch) but keeps no memory: it is backed by a meta storage.
+    """
+    converter = mode.fake_tensor_converter
+    return converter.from_meta_and_device(mode, meta, device)
+
+
+def storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef, int]:
+    """Identity, weak reference and size in bytes of the storage behind ``t``.
+
+    Views and in-place results share their base's storage, so they share its key.
+    """
+    storage = t.untyped_storage()
+    ref = StorageWeakRef(storage)
+    return ref.cdata, ref, storage.nbytes()
+
+
+def current_autograd_node() -> Any:
+    """The autograd Node the engine is executing now, or None outside backward."""
+    return torch._C._current_autograd_node()
+
+
+def autograd_sequence_nr() -> int:
+    """The sequence number the next autograd Node created on this thread will get."""
+    return int(torch._C._autograd._get_sequence_nr())

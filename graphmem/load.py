@@ -1,0 +1,121 @@
+"""Stage 1: load.  ``"pkg.module:Attr"`` or ``"path/file.py:Attr"`` -> an ``nn.Module`` on meta.
+
+Input: a target string (or an object from Python), constructor keyword arguments and an
+optional dtype.  Output: an ``nn.Module`` whose parameters and buffers live on the meta
+device, so no parameter memory is ever allocated, whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphmem.errors import UserInputError
+
+__all__ = ["resolve_target", "build_model", "ModelSource"]
+
+# What a user may hand to graphmem: a module class, a factory returning a module, or a module.
+ModelSource = type[nn.Module] | Callable[..., nn.Module] | nn.Module
+
+_TARGET_HINT = "expected TARGET as package.module:Attr or path/to/file.py:Attr"
+
+
+def _import_module(module_part: str) -> Any:
+    """Import a dotted module name or a ``.py`` file path; the current directory is importable."""
+    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+        path = Path(module_part)
+        if not path.is_file():
+            raise UserInputError(f"file not found: {module_part!r}; {_TARGET_HINT}")
+        name = f"graphmem_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, f"_import_module: no spec for {path}"
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.resolve().parent))  # let the file import its siblings
+        spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(module_part)
+
+
+def resolve_target(target: str) -> ModelSource:
+    """Import ``module:Attr`` and return Attr (a module class, a factory or a module).
+
+    Raises:
+        UserInputError: malformed target, module not importable, attribute missing, or the
+            attribute is neither an nn.Module class, a callable, nor an nn.Module instance.
+    """
+    module_part, sep, attr_path = target.rpartition(":")
+    if not sep or not module_part or not attr_path:
+        raise UserInputError(f"malformed target {target!r}; {_TARGET_HINT}")
+    try:
+        module = _import_module(module_part)
+    except UserInputError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise UserInputError(f"cannot import module {module_part!r}: {exc}; run graphmem from "
+                             "the directory that contains it, or give path/to/file.py:Attr") from exc
+    except Exception as exc:  # the user's module raised while importing
+        raise UserInputError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            names = sorted(n for n, v in vars(module).items() if _is_model_like(v))
+            raise UserInputError(f"module {module_part!r} has no attribute {attr_path!r}; "
+                                 f"nn.Module classes and callables there: {', '.join(names) or 'none'}")
+        obj = getattr(obj, part)
+    if not _is_model_like(obj):
+        raise UserInputError(f"{target!r} is a {type(obj).__name__}, not an nn.Module: expected an "
+                             "nn.Module subclass, a function returning one, or a module instance")
+    return obj  # type: ignore[no-any-return]
+
+
+def _is_model_like(obj: Any) -> bool:
+    if isinstance(obj, nn.Module):
+        return True
+    if inspect.isclass(obj):
+        return issubclass(obj, nn.Module)
+    return inspect.isfunction(obj) or inspect.ismethod(obj) or isinstance(obj, Callable)  # type: ignore[arg-type]
+
+
+def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+    """Build the model under ``torch.device("meta")``.
+
+    Args:
+        source: an nn.Module subclass, a factory returning an nn.Module, or an nn.Module
+            (used as it is; the trace swaps fake tensors in and never modifies it).
+        kwargs: keyword arguments for the class or factory.
+
+    Returns:
+        The model.  Built models hold meta tensors only.
+
+    Raises:
+        UserInputError: the constructor raised, or did not return an nn.Module.
+    """
+    kwargs = dict(kwargs or {})
+    if isinstance(source, nn.Module):
+        if kwargs:
+            raise UserInputError("--kwargs given, but the target is a module instance, not a "
+                                 "class or factory; drop --kwargs or point at the class")
+        return source
+    name = getattr(source, "__qualname__", repr(source))
+    try:
+        with torch.device("meta"):
+            model = source(**kwargs)
+    except Exception as exc:
+        raise UserInputError(f"building {name}(**{kwargs!r}) failed: {type(exc).__name__}: "
+                             f"{exc}; check --kwargs") from exc
+    if not isinstance(model, nn.Module):
+        raise UserInputError(f"{name}(...) returned a {type(model).__name__}, not an "
+                             "nn.Module; point TARGET at a class or a factory of nn.Modules")
+    return model

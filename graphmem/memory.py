@@ -1,0 +1,80 @@
+"""Stage 3b: memory model.  Lifetimes -> ModeReport (pure).
+
+Live bytes after every op are the bytes of every storage whose lifetime covers that op,
+plus the op's own scratch bytes (from a per-op rule; zero where no rule applies).  The
+target device here is the CPU allocator, which hands out exactly the bytes asked for (no
+rounding, no caching), so a storage of N bytes costs N bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from itertools import accumulate
+
+from graphmem.types import Category, Lifetime, ModeReport, PeakInfo, Phase, PhasePeak, Trace
+
+__all__ = ["build_mode_report", "compute_timeline", "live_by_category"]
+
+
+def compute_timeline(lifetimes: Iterable[Lifetime], trace: Trace) -> tuple[int, ...]:
+    """Live bytes after each op of ``trace`` (index i = after op i), scratch included."""
+    n = len(trace.ops)
+    delta = [0] * (n + 2)
+    # each lifetime adds its bytes from start to end; index shifted by one so start -1 fits
+    for life in lifetimes:
+        delta[life.start + 1] += life.nbytes
+        delta[life.end + 2] -= life.nbytes
+    live = list(accumulate(delta))[1:n + 1]
+    return tuple(b + op.scratch_bytes for b, op in zip(live, trace.ops))
+
+
+def live_by_category(lifetimes: Iterable[Lifetime], step: int, scratch_bytes: int = 0
+                     ) -> dict[Category, int]:
+    """Bytes live after op ``step``, per category (every category present, zero or not)."""
+    totals = dict.fromkeys(Category, 0)
+    for life in lifetimes:
+        if life.start <= step <= life.end:
+            totals[life.category] += life.nbytes
+    totals[Category.TEMPORARY] += scratch_bytes
+    return totals
+
+
+def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
+                      modeled_ops: Collection[str] = ()) -> ModeReport:
+    """Peak, breakdown at the peak, per-phase peaks and totals for one traced mode.
+
+    Args:
+        trace: stage 2's output.
+        lifetimes: stage 3a's output for that trace.
+        modeled_ops: names of ops with a scratch rule on the target device.
+    """
+    if not trace.ops:
+        raise AssertionError("build_mode_report: the trace holds no op")
+    timeline = compute_timeline(lifetimes, trace)
+    step = max(range(len(timeline)), key=timeline.__getitem__)
+    op = trace.ops[step]
+    end_of_loss = next((o.index - 1 for o in trace.ops if o.phase == Phase.BACKWARD), len(trace.ops) - 1)
+    last_backward = max((o.index for o in trace.ops if o.phase == Phase.BACKWARD), default=-1)
+    persistent = live_by_category(lifetimes, -1)
+    return ModeReport(
+        mode=trace.mode, optimizer=trace.optimizer, peak_bytes=timeline[step],
+        peak=PeakInfo(step=step, op=op.op, module=op.module, phase=str(op.phase), iteration=op.iteration),
+        breakdown=live_by_category(lifetimes, step, op.scratch_bytes),
+        phases=_phase_peaks(trace, timeline), timeline=timeline,
+        params_bytes=persistent[Category.PARAMETER], buffers_bytes=persistent[Category.BUFFER],
+        inputs_bytes=sum(life.nbytes for life in lifetimes if life.category == Category.INPUT),
+        grads_bytes=live_by_category(lifetimes, last_backward)[Category.GRADIENT] if last_backward >= 0 else 0,
+        optimizer_state_bytes=live_by_category(lifetimes, len(trace.ops) - 1)[Category.OPTIMIZER_STATE],
+        activations_bytes=live_by_category(lifetimes, end_of_loss)[Category.ACTIVATION],
+        num_ops=len(trace.ops),
+        unmodeled_ops=tuple(sorted({o.op for o in trace.ops} - set(modeled_ops))),
+        trace=trace)
+
+
+def _phase_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[PhasePeak, ...]:
+    best: dict[Phase, tuple[int, int]] = {}
+    for op, live in zip(trace.ops, timeline):
+        if op.phase not in best or live > best[op.phase][0]:
+            best[op.phase] = (live, op.index)
+    return tuple(PhasePeak(phase=str(p), peak_bytes=best[p][0], step=best[p][1])
+                 for p in Phase if p in best)

@@ -1,0 +1,75 @@
+"""Per-op knowledge: the one registry of rules, keyed by aten op overload.
+
+A rule answers what the recorded graph cannot show: bytes an op's kernel allocates for
+itself while it runs (scratch / workspace) and frees before it returns.  A rule is a pure
+function of the op's tensor metadata and non-tensor arguments; it never sees a tensor.
+
+    @register(aten.mm.default, device="cuda")
+    def mm_workspace(args: tuple[ArgMeta, ...], kwargs: dict) -> int: ...
+
+Nothing but ``register`` writes to the table.  Users extend with a mapping passed to
+``graphmem.analyze(rules=...)``, never by mutating this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["ArgMeta", "Rule", "register", "rules_for", "scratch_bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArgMeta:
+    """What a rule may know about a tensor argument: shape, dtype and strides."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...]
+
+
+Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], int]
+
+_RULES: dict[tuple[str, torch._ops.OpOverload], Rule] = {}
+
+
+def register(op: torch._ops.OpOverload, *, device: str) -> Callable[[Rule], Rule]:
+    """Decorator registering ``fn`` as the scratch-bytes rule of ``op`` on ``device``.
+
+    Raises:
+        TypeError: ``op`` is not an aten OpOverload (e.g. an OpOverloadPacket).
+        ValueError: a rule for (device, op) exists already; names both functions.
+    """
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(f"register: expected an OpOverload such as aten.mm.default, got {op!r}")
+
+    def decorate(fn: Rule) -> Rule:
+        key = (device, op)
+        if key in _RULES:
+            old = _RULES[key]
+            raise ValueError(f"register: duplicate rule for {op} on {device}: "
+                             f"{old.__module__}.{old.__qualname__} and {fn.__module__}.{fn.__qualname__}")
+        _RULES[key] = fn
+        return fn
+
+    return decorate
+
+
+def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None
+              ) -> dict[torch._ops.OpOverload, Rule]:
+    """The rule table for ``device``: the registry's rules, overridden by ``extra``."""
+    table = {op: fn for (dev, op), fn in _RULES.items() if dev == device}
+    table.update(extra or {})
+    return table
+
+
+def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Call ``rule`` on metadata (tensors already replaced by ``ArgMeta``) and check its answer."""
+    result = rule(args, kwargs)
+    if not isinstance(result, int) or result < 0:
+        raise AssertionError(f"scratch_bytes: rule {rule.__qualname__} returned {result!r}, "
+                             "expected a non-negative int")
+    return result

@@ -1,0 +1,264 @@
+"""Stage 2: trace.  module + input specs -> the recorded step as an fx graph with lifetimes.
+
+Input: an nn.Module (on meta, or a user's instance), input specs, and the step to run.
+Output: a ``Trace``: the fx graph of every aten op in real execution order (forward, the
+autograd engine's backward, the torch.optim step), each op's phase and module, and each
+storage's size, creation op and release op.
+
+How: the model's parameters and buffers are swapped for fake tensors on the target device
+(no memory; device-dependent branches still take the target's path), then the real step
+runs under FakeTensorMode with the ``Recorder`` on top.  Training runs two iterations: the
+first creates the optimizer state lazily, the second runs with that state resident.
+
+The training step, per iteration (locals are released when it returns)::
+
+    out = model(*inputs); loss = loss_fn(out); loss.backward(); opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from graphmem._recorder import Recorder
+from graphmem._torch_api import (
+    DATA_DEPENDENT_ERRORS,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+    new_fake_mode,
+    to_fake,
+)
+from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.rules.registry import Rule
+from graphmem.spec import InputSpec
+from graphmem.step import compute_loss, find_logits, make_optimizer, make_targets
+from graphmem.types import Phase, Role, Trace
+
+__all__ = ["trace_step", "MODES"]
+
+MODES = ("inference", "train")
+
+
+def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
+               optimizer: str = "adam", loss: str = "auto", device: str = "cpu",
+               dtype: torch.dtype | None = None, iterations: int = 2,
+               rules: Mapping[torch._ops.OpOverload, Rule] | None = None) -> Trace:
+    """Record one inference call or ``iterations`` training iterations of ``model``.
+
+    Args:
+        model: the model; its own tensors are never modified (fakes are swapped in).
+        inputs: example inputs; unnamed ones are positional, named ones keywords.
+        mode: ``"inference"`` (eval, no_grad) or ``"train"``.
+        optimizer: a name from ``graphmem.step.OPTIMIZERS`` (train only).
+        loss: a name from ``graphmem.step.LOSSES`` (train only).
+        device: the target device the fake tensors report.
+        dtype: convert floating parameters and buffers, as ``model.to(dtype)`` would.
+        iterations: training iterations to record.
+        rules: per-op scratch rules for the target device.
+
+    Returns:
+        The Trace.
+
+    Raises:
+        UserInputError: the model failed on the given inputs.
+        TraceError / UnsupportedError: the model cannot be recorded.
+    """
+    if mode not in MODES:
+        raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
+    recorder = Recorder(rules or {})
+    fake_mode = new_fake_mode()
+    target = torch.device(device)
+    with _fake_tensors(model, fake_mode, target, dtype) as names, _module_tracking(model, recorder):
+        args, kwargs = _fake_inputs(inputs, fake_mode, target)
+        for tensor, (name, role) in names.items():
+            recorder.add_placeholder(tensor, name)
+            recorder.mark(tensor, role, name, owner=name)
+        for i, t in enumerate([*args, *kwargs.values()]):
+            recorder.add_placeholder(t, f"input_{i}")
+            recorder.mark(t, Role.INPUT, f"input {i}")
+        with _errors_explained(recorder, model):
+            with fake_mode, recorder:
+                if mode == "inference":
+                    _run_inference(model, args, kwargs, recorder)
+                else:
+                    _run_training(model, args, kwargs, recorder, optimizer, loss, iterations)
+            recorder.poll()
+    return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops),
+                 storages=recorder.freeze(), optimizer=optimizer if mode == "train" else None)
+
+
+def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],
+                   recorder: Recorder) -> None:
+    model.eval()
+    recorder.phase = Phase.FORWARD
+    with torch.no_grad():
+        out = model(*args, **kwargs)
+    _mark_output(recorder, out)
+    recorder.poll()  # the output is still referenced here: it stays live to the end
+
+
+def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                  optimizer: str, loss: str, iterations: int) -> None:
+    model.train()
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    opt = make_optimizer(optimizer, list(params.values()))
+    targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
+    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t):
+        for iteration in range(iterations):
+            recorder.iteration = iteration
+            _train_iteration(model, args, kwargs, recorder, opt, params, loss, targets)
+            recorder.poll()
+
+
+def _train_iteration(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                     opt: torch.optim.Optimizer | None, params: dict[str, nn.Parameter], loss_kind: str,
+                     targets: list[torch.Tensor]) -> None:
+    recorder.phase = Phase.FORWARD
+    out = model(*args, **kwargs)
+    recorder.phase = Phase.LOSS
+    if loss_kind in ("cross_entropy", "nll") and not targets:
+        targets.append(make_targets(find_logits(out)))
+        recorder.mark(targets[0], Role.INPUT, "targets")
+    loss = compute_loss(loss_kind, out, targets[0] if targets else None)
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+        raise TraceError("the loss is not a scalar that requires grad; does the model have "
+                         "trainable parameters on its output path? try --loss or --mode inference")
+    _mark_output(recorder, (out, loss))
+    recorder.phase = Phase.BACKWARD
+    loss.backward()
+    for name, p in params.items():
+        if p.grad is not None:
+            recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
+    recorder.phase = Phase.OPTIMIZER
+    if opt is not None:
+        opt.step()
+        for name, p in params.items():
+            for key, value in opt.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
+        opt.zero_grad(set_to_none=True)
+    else:
+        for p in params.values():
+            p.grad = None
+
+
+def _saving(recorder: Recorder) -> Any:
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        recorder.mark(t, Role.SAVED)
+        return t
+    return pack
+
+
+def _mark_output(recorder: Recorder, out: Any) -> None:
+    leaves = out.to_tuple() if hasattr(out, "to_tuple") else out
+    for leaf in tree_flatten(leaves)[0]:
+        if isinstance(leaf, torch.Tensor):
+            recorder.mark(leaf, Role.OUTPUT)
+
+
+def _fake_inputs(inputs: Sequence[InputSpec], mode: FakeTensorMode,
+                 device: torch.device) -> tuple[list[Any], dict[str, Any]]:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for spec in inputs:
+        fake = to_fake(mode, torch.empty(spec.shape, dtype=spec.dtype, device="meta"), device)
+        if spec.name:
+            kwargs[spec.name] = fake
+        else:
+            args.append(fake)
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def _fake_tensors(model: nn.Module, mode: FakeTensorMode, device: torch.device,
+                  dtype: torch.dtype | None) -> Iterator[dict[torch.Tensor, tuple[str, Role]]]:
+    """Swap every parameter and buffer for a fake one (tied tensors stay tied); restore after.
+
+    Yields fake tensor -> (qualified name, role), parameters first.
+    """
+    originals: list[tuple[dict[str, Any], str, Any]] = []
+    memo: dict[int, torch.Tensor] = {}
+    names: dict[torch.Tensor, tuple[str, Role]] = {}
+    try:
+        for prefix, module in model.named_modules(remove_duplicate=False):
+            for table, role in ((module._parameters, Role.PARAMETER), (module._buffers, Role.BUFFER)):
+                for key, value in list(table.items()):
+                    if value is None:
+                        continue
+                    if id(value) not in memo:
+                        memo[id(value)] = _fake_copy(value, mode, device, dtype)
+                        names[memo[id(value)]] = (f"{prefix}.{key}" if prefix else key, role)
+                    originals.append((table, key, value))
+                    table[key] = memo[id(value)]
+        yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER))
+    finally:
+        for table, key, value in reversed(originals):
+            table[key] = value
+
+
+def _fake_copy(t: torch.Tensor, mode: FakeTensorMode, device: torch.device,
+               dtype: torch.dtype | None) -> torch.Tensor:
+    meta = t if t.is_meta else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    if dtype is not None and (meta.is_floating_point() or meta.is_complex()):
+        meta = meta.to(dtype)
+    fake = to_fake(mode, meta.detach(), device)
+    if isinstance(t, nn.Parameter):
+        return nn.Parameter(fake, requires_grad=t.requires_grad)
+    return fake
+
+
+@contextlib.contextmanager
+def _module_tracking(model: nn.Module, recorder: Recorder) -> Iterator[None]:
+    """Keep ``recorder.module_stack`` equal to the path of the module running now."""
+    paths: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(module), name)
+
+    def pre(module: nn.Module, args: Any) -> None:
+        recorder.module_stack.append(paths.get(id(module), type(module).__name__))
+
+    def post(module: nn.Module, args: Any, out: Any) -> None:
+        if recorder.module_stack:
+            recorder.module_stack.pop()
+
+    handles = [nn.modules.module.register_module_forward_pre_hook(pre),
+               nn.modules.module.register_module_forward_hook(post, always_call=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
+    """Turn exceptions raised while recording into one clear graphmem error."""
+    try:
+        yield
+    except GraphmemError:
+        raise
+    except DATA_DEPENDENT_ERRORS as exc:
+        raise TraceError(f"{_where(recorder, model)} reads a tensor's value (data-dependent control "
+                         f"flow, .item(), or a value-dependent shape: {exc}); graphmem runs on fake "
+                         "tensors that hold no values. Make the code depend on shapes only") from exc
+    except UnsupportedOperatorException as exc:
+        raise UnsupportedError(f"{_where(recorder, model)} calls {exc}, an op with no meta/fake "
+                               "implementation in this torch; graphmem cannot size it") from exc
+    except Exception as exc:
+        message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {exc}"
+        if recorder.phase == Phase.FORWARD and recorder.iteration == 0:
+            raise UserInputError(f"{message}; check that --input shapes and dtypes fit the model") from exc
+        raise TraceError(message) from exc
+
+
+def _where(recorder: Recorder, model: nn.Module) -> str:
+    module = recorder.module_stack[-1] if recorder.module_stack else ""
+    path = f"{type(model).__name__}.{module}" if module else type(model).__name__
+    last = recorder.ops[-1].op if recorder.ops else "none yet"
+    return f"{path} ({recorder.phase} phase, after op {last})"

@@ -1,0 +1,169 @@
+"""Result types shared by the stages: phases, categories, and the frozen records.
+
+Every result is a frozen, slotted dataclass, complete when built.  Sizes are int bytes
+named ``*_bytes``; positions are int op indices ("steps").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum, unique
+
+import torch
+
+__all__ = ["Phase", "Role", "Category", "OpRecord", "StorageRecord", "Trace", "Lifetime",
+           "PeakInfo", "PhasePeak", "ModeReport", "MemoryReport"]
+
+
+@unique
+class Phase(StrEnum):
+    """Where in the step an op runs."""
+
+    FORWARD = "forward"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+@unique
+class Role(StrEnum):
+    """What the step did with a storage; a storage may have several roles."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    INPUT = "input"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    SAVED = "saved"
+    OUTPUT = "output"
+
+
+@unique
+class Category(StrEnum):
+    """The one category each live byte is reported under."""
+
+    PARAMETER = "parameters"
+    BUFFER = "buffers"
+    INPUT = "inputs"
+    ACTIVATION = "activations"
+    TEMPORARY = "temporaries"
+    OUTPUT = "outputs"
+    GRADIENT = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One dispatched aten op, in execution order."""
+
+    index: int
+    op: str
+    node: str
+    phase: Phase
+    iteration: int
+    module: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    scratch_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRecord:
+    """One storage: its size, the op that created it and the op after which it was released.
+
+    ``created`` is -1 for storages that exist before the first op (parameters, inputs).
+    ``released`` is None when the storage is still referenced after the last op.
+    """
+
+    sid: int
+    nbytes: int
+    created: int
+    released: int | None
+    roles: frozenset[Role]
+    label: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """Stage 2's output: the recorded fx graph, its ops and its storages."""
+
+    mode: str
+    graph: torch.fx.Graph
+    ops: tuple[OpRecord, ...]
+    storages: tuple[StorageRecord, ...]
+    optimizer: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """Stage 3a's output for one storage: live from ``start`` to ``end`` (op indices,
+    inclusive; ``start`` -1 means before the first op)."""
+
+    sid: int
+    nbytes: int
+    start: int
+    end: int
+    category: Category
+
+
+@dataclass(frozen=True, slots=True)
+class PeakInfo:
+    """Where a peak happens."""
+
+    step: int
+    op: str
+    module: str
+    phase: str
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class PhasePeak:
+    """The highest live bytes while ops of one phase run."""
+
+    phase: str
+    peak_bytes: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModeReport:
+    """Stage 3b's output for one mode (inference or train)."""
+
+    mode: str
+    optimizer: str | None
+    peak_bytes: int
+    peak: PeakInfo
+    breakdown: Mapping[Category, int]
+    phases: tuple[PhasePeak, ...]
+    timeline: tuple[int, ...]
+    params_bytes: int
+    buffers_bytes: int
+    inputs_bytes: int
+    grads_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    num_ops: int
+    unmodeled_ops: tuple[str, ...]
+    trace: Trace
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    """What ``graphmem.analyze`` returns."""
+
+    target: str
+    device: str
+    inputs: tuple[str, ...]
+    inference: ModeReport | None
+    train: ModeReport | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Training peak over inference peak, when both were analysed."""
+        if self.inference is None or self.train is None or self.inference.peak_bytes == 0:
+            return None
+        return self.train.peak_bytes / self.inference.peak_bytes

@@ -1,0 +1,117 @@
+"""The model zoo the oracle tests run: small sizes, each a distinct memory behaviour."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as checkpoint
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from gpt import GPT  # noqa: E402
+from mlp import MLP  # noqa: E402
+from simplenet import SimpleNet  # noqa: E402
+
+
+class ResNetish(nn.Module):
+    """Two residual blocks with BatchNorm and in-place ReLU, global pooling, a classifier."""
+
+    def __init__(self, width: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(inplace=True))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                          nn.ReLU(inplace=True), nn.Conv2d(width, width, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(width)) for _ in range(2))
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = self.relu(x + block(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class RecurrentLM(nn.Module):
+    """nn.Embedding -> GRU or LSTM -> linear head."""
+
+    def __init__(self, cell: str = "gru", vocab: int = 100, dim: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.rnn = (nn.GRU if cell == "gru" else nn.LSTM)(dim, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.emb(ids))
+        return self.head(out)
+
+
+class TiedAutoencoder(nn.Module):
+    """Decoder weight is the encoder weight transposed: one storage, used twice."""
+
+    def __init__(self, dim: int = 256, code: int = 64) -> None:
+        super().__init__()
+        self.enc = nn.Linear(dim, code)
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(torch.tanh(self.enc(x)), self.enc.weight.t(), self.bias)
+
+
+class CheckpointedMLP(nn.Module):
+    """Two blocks run through torch.utils.checkpoint (non-reentrant), one plain head."""
+
+    def __init__(self, dim: int = 128) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+                                    for _ in range(2))
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + checkpoint.checkpoint(block, x, use_reentrant=False)
+        return self.head(x)
+
+
+def bf16_mlp() -> nn.Module:
+    return MLP((256, 512, 10)).to(torch.bfloat16)
+
+
+def transformer_encoder() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A zoo entry: how to build it, its input specs, the loss, the int range of int inputs."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: tuple[str, ...]
+    loss: str = "sum"
+    int_high: int = 100
+    marks: tuple[str, ...] = field(default=())
+
+
+ZOO: tuple[ZooModel, ...] = (
+    ZooModel("mlp", MLP, ("32x1000",)),
+    ZooModel("simplenet", SimpleNet, ("16x1x28x28",), loss="nll", int_high=10),
+    ZooModel("resnet", ResNetish, ("4x3x16x16",), loss="cross_entropy", int_high=10),
+    ZooModel("gru", lambda: RecurrentLM("gru"), ("4x12:int64",), loss="cross_entropy"),
+    ZooModel("lstm", lambda: RecurrentLM("lstm"), ("4x12:int64",), loss="cross_entropy"),
+    ZooModel("transformer_encoder", transformer_encoder, ("2x10x64",)),
+    ZooModel("gpt", lambda: GPT(vocab=100, dim=64, layers=2, heads=4, max_seq=64), ("2x16:int64",),
+             loss="cross_entropy"),
+    ZooModel("tied_autoencoder", TiedAutoencoder, ("8x256",), loss="mean"),
+    ZooModel("bf16_mlp", bf16_mlp, ("8x256:bf16",)),
+    ZooModel("checkpointed_mlp", CheckpointedMLP, ("8x128",)),
+)

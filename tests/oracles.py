@@ -1,0 +1,150 @@
+"""The ground truth: run the same step for real on CPU and count live tensor storages.
+
+Independent of graphmem's code.  A TorchDispatchMode sees every aten op with real CPU
+tensors; each storage (by identity, so views count once) is held by a weak reference; a
+storage is live until its weak reference expires (its memory was freed).  Live bytes are
+taken after every op; parameters, buffers, inputs and targets are counted from the start.
+
+The step run is the one graphmem documents:
+    training, per iteration, in a function whose locals die at return:
+        out = model(*args); loss = loss_fn(out); loss.backward(); opt.step();
+        opt.zero_grad(set_to_none=True)
+    inference: model.eval(); with torch.no_grad(): out = model(*args)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+DTYPES = {"int64": torch.int64, "bf16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class LiveStorages(TorchDispatchMode):
+    """Counts bytes of live storages after every op; keeps the peak per phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.phase = "setup"
+        self.peak = 0
+        self.phase_peaks: dict[str, int] = {}
+        self.ops = 0
+
+    def add(self, t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            ref = StorageWeakRef(storage)
+            old = self.refs.get(ref.cdata)
+            if old is None or old[0].expired():
+                self.refs[ref.cdata] = (ref, storage.nbytes())
+
+    def live_bytes(self) -> int:
+        for key in [k for k, (ref, _) in self.refs.items() if ref.expired()]:
+            del self.refs[key]
+        return sum(n for _, n in self.refs.values())
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        self.live_bytes()  # forget the dead before this op may reuse their addresses
+        for t in tree_flatten((args, kwargs))[0]:
+            self.add(t)
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            self.add(t)
+        self.ops += 1
+        now = self.live_bytes()
+        self.peak = max(self.peak, now)
+        self.phase_peaks[self.phase] = max(self.phase_peaks.get(self.phase, 0), now)
+        return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    peak_bytes: int
+    phase_peaks: dict[str, int]
+
+
+def real_inputs(specs: Sequence[str], int_high: int) -> list[torch.Tensor]:
+    """Real tensors for specs like '32x1000' or '4x12:int64' (names not used in the zoo)."""
+    out = []
+    for spec in specs:
+        dims, _, dtype_name = spec.partition(":")
+        shape = tuple(int(d) for d in dims.split("x"))
+        dtype = DTYPES[dtype_name or "float32"]
+        if dtype.is_floating_point:
+            out.append(torch.randn(shape).to(dtype))
+        else:
+            out.append(torch.randint(0, int_high, shape, dtype=dtype))
+    return out
+
+
+def _first_float(out: Any) -> torch.Tensor:
+    return next(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def measure_inference(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor]) -> Measured:
+    torch.manual_seed(0)
+    model = build()
+    model.eval()
+    counter = LiveStorages()
+    for t in [*model.parameters(), *model.buffers(), *inputs]:
+        counter.add(t)
+    counter.phase = "forward"
+    with counter, torch.no_grad():
+        out = model(*inputs)
+    del out
+    return Measured(counter.peak, dict(counter.phase_peaks))
+
+
+def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor],
+                     make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+                     loss: str, iterations: int = 2) -> Measured:
+    torch.manual_seed(0)
+    model = build()
+    model.train()
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
+    counter = LiveStorages()
+    for t in [*model.parameters(), *model.buffers(), *inputs]:
+        counter.add(t)
+    targets: list[torch.Tensor] = []
+
+    def one_step() -> None:
+        counter.phase = "forward"
+        out = model(*inputs)
+        counter.phase = "loss"
+        logits = _first_float(out)
+        if loss == "sum":
+            value = logits.sum()
+        elif loss == "mean":
+            value = logits.mean()
+        else:
+            if not targets:
+                targets.append(torch.zeros(logits.shape[:-1], dtype=torch.int64))
+            fn = F.cross_entropy if loss == "cross_entropy" else F.nll_loss
+            value = fn(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
+        counter.phase = "backward"
+        value.backward()
+        counter.phase = "optimizer"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with counter:
+        for _ in range(iterations):
+            one_step()
+    return Measured(counter.peak, dict(counter.phase_peaks))
+
+
+OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
+    "sgd": lambda p: torch.optim.SGD(p),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p),
+    "adamw": lambda p: torch.optim.AdamW(p),
+}
