@@ -34,6 +34,28 @@ from graphmem.types import OpRecord, Phase, Role, StorageRecord
 __all__ = ["Recorder"]
 
 
+def _fresh_outputs(func: Any, out: Any) -> Any:
+    """Give each non-aliasing output of ``func`` its own storage.
+
+    A return without an alias annotation in the op's schema is a fresh tensor on every real
+    backend, but a few meta kernels return one tensor twice (mkldnn_rnn_layer_backward gives
+    the same bias gradient for bias_ih and bias_hh).  That shared storage would make
+    AccumulateGrad copy a gradient the real run steals, so the duplicate is replaced.
+    """
+    if not isinstance(out, tuple) or len(out) < 2:
+        return out
+    returns = func._schema.returns
+    seen: set[int] = set()
+    fixed = list(out)
+    for i, item in enumerate(out):
+        if not isinstance(item, torch.Tensor) or i >= len(returns) or returns[i].alias_info is not None:
+            continue
+        if id(item) in seen:
+            fixed[i] = torch.empty_like(item)
+        seen.add(id(item))
+    return tuple(fixed)
+
+
 class _Storage:
     """Mutable bookkeeping for one storage while recording; frozen into StorageRecord."""
 
@@ -65,6 +87,7 @@ class Recorder(TorchDispatchMode):
         self._seq_modules: list[str] = []
         self._owner: dict[int, str] = {}  # sid -> parameter name, for optimizer/grad ops
         self._constants = 0
+        self.pending: tuple[str, str] = ("", "")
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -144,8 +167,9 @@ class Recorder(TorchDispatchMode):
         module = self.current_module(in_tensors)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self._note_sequence(module)
+        self.pending = (str(func), module)  # named in the error if the op raises
         scratch = self._scratch(func, args, kwargs)
-        out = func(*args, **kwargs)
+        out = _fresh_outputs(func, func(*args, **kwargs))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
         node = self._add_node(func, args, kwargs, out)

@@ -6,6 +6,9 @@ upgrade that moves one breaks in one place with one clear message.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -27,6 +30,7 @@ __all__ = [
     "autograd_sequence_nr",
     "current_autograd_node",
     "new_fake_mode",
+    "quiet_fake_tensor_logs",
     "storage_key",
     "to_fake",
 ]
@@ -72,3 +76,16 @@ def current_autograd_node() -> Any:
 def autograd_sequence_nr() -> int:
     """The sequence number the next autograd Node created on this thread will get."""
     return int(torch._C._autograd._get_sequence_nr())
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_logs() -> Iterator[None]:
+    """Silence FakeTensor's own error log (a traceback per failing meta kernel); graphmem
+    reports the failure itself, in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -32,6 +32,7 @@ from graphmem._torch_api import (
     FakeTensorMode,
     UnsupportedOperatorException,
     new_fake_mode,
+    quiet_fake_tensor_logs,
     to_fake,
 )
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
@@ -82,7 +83,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         for i, t in enumerate([*args, *kwargs.values()]):
             recorder.add_placeholder(t, f"input_{i}")
             recorder.mark(t, Role.INPUT, f"input {i}")
-        with _errors_explained(recorder, model):
+        with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             with fake_mode, recorder:
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder)
@@ -244,21 +245,21 @@ def _errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
     except GraphmemError:
         raise
     except DATA_DEPENDENT_ERRORS as exc:
-        raise TraceError(f"{_where(recorder, model)} reads a tensor's value (data-dependent control "
-                         f"flow, .item(), or a value-dependent shape: {exc}); graphmem runs on fake "
-                         "tensors that hold no values. Make the code depend on shapes only") from exc
+        raise TraceError(f"{_where(recorder, model)} reads a tensor's value: data-dependent control "
+                         "flow such as `if x.sum() > 0`, .item(), or an output shape that depends on "
+                         "values; graphmem runs on fake tensors that hold no values. Make that code "
+                         "depend on shapes only") from exc
     except UnsupportedOperatorException as exc:
         raise UnsupportedError(f"{_where(recorder, model)} calls {exc}, an op with no meta/fake "
                                "implementation in this torch; graphmem cannot size it") from exc
     except Exception as exc:
-        message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {exc}"
+        message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {str(exc).rstrip('.')}"
         if recorder.phase == Phase.FORWARD and recorder.iteration == 0:
             raise UserInputError(f"{message}; check that --input shapes and dtypes fit the model") from exc
         raise TraceError(message) from exc
 
 
 def _where(recorder: Recorder, model: nn.Module) -> str:
-    module = recorder.module_stack[-1] if recorder.module_stack else ""
+    op, module = recorder.pending
     path = f"{type(model).__name__}.{module}" if module else type(model).__name__
-    last = recorder.ops[-1].op if recorder.ops else "none yet"
-    return f"{path} ({recorder.phase} phase, after op {last})"
+    return f"{path} ({recorder.phase} phase, op {op or 'none yet'})"

@@ -1,0 +1,156 @@
+"""Stage 5: the command line.  The only module that imports click.
+
+Turns strings into specs, calls ``graphmem.analyze`` once, renders with the renderer the
+``--format`` name picks, writes the output, and maps errors to exit codes:
+0 success; 2 usage errors (bad TARGET, --input, option); 3 analysis failures; 1 a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from graphmem import __version__
+from graphmem.api import ANALYSIS_MODES, DEVICES, analyze
+from graphmem.errors import GraphmemError, UserInputError
+from graphmem.load import ModelSource, resolve_target
+from graphmem.report import RENDERERS, UNIT_CHOICES
+from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
+from graphmem.step import LOSSES, OPTIMIZERS
+
+__all__ = ["main"]
+
+
+class TargetType(click.ParamType):
+    """``pkg.module:Attr`` or ``path/file.py:Attr`` -> the imported class, factory or module."""
+
+    name = "TARGET"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ModelSource]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return value, resolve_target(value)
+        except UserInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class InputSpecType(click.ParamType):
+    """``[NAME=]DIMS[:DTYPE]`` -> InputSpec."""
+
+    name = "[NAME=]DIMS[:DTYPE]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> InputSpec:
+        if isinstance(value, InputSpec):
+            return value
+        try:
+            return parse_input_spec(value)
+        except UserInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class JsonObjectType(click.ParamType):
+    """A JSON object given on the command line, e.g. ``'{"hidden": 256}'``."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        try:
+            data = json.loads(value)
+        except json.JSONDecodeError as exc:
+            self.fail(f"not valid JSON ({exc.msg} at column {exc.colno}): {value!r}; "
+                      "expected an object such as '{\"hidden\": 256}'", param, ctx)
+        if not isinstance(data, dict):
+            self.fail(f"expected a JSON object such as '{{\"hidden\": 256}}', got {value!r}", param, ctx)
+        return data
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="graphmem")
+def main() -> None:
+    """Predict the memory of a PyTorch training step before it runs.
+
+    The model is built on the meta device (no weights are allocated); the real step
+    (forward, autograd backward, optimizer) is recorded as a graph of aten ops on fake
+    tensors, and a storage-aware liveness pass gives the live bytes after every op.
+    """
+
+
+@main.command()
+@click.argument("target", type=TargetType())
+@click.option("--input", "-i", "inputs", type=InputSpecType(), multiple=True, required=True,
+              help="Example input, repeatable: 32x1000, 8x512:int64, input_ids=2x128:int64. "
+                   "Unnamed inputs are positional, named ones keyword arguments. Default dtype float32.")
+@click.option("--kwargs", "model_kwargs", type=JsonObjectType(), default=None,
+              help="JSON object of keyword arguments for the model class or factory.")
+@click.option("--mode", type=click.Choice(ANALYSIS_MODES), default="both", show_default=True,
+              help="Analyse inference, a training step, or both.")
+@click.option("--optimizer", type=click.Choice(list(OPTIMIZERS)), default="adam", show_default=True,
+              help="torch.optim optimizer of the training step, with its defaults.")
+@click.option("--loss", type=click.Choice(LOSSES), default="auto", show_default=True,
+              help="auto: output.loss if present, else sum of the first float output; "
+                   "cross_entropy/nll use int64 class targets.")
+@click.option("--dtype", type=click.Choice(MODEL_DTYPES), default=None,
+              help="Convert the model's floating parameters and buffers, as model.to(dtype).")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="Target device whose allocations are predicted.")
+@click.option("--format", "fmt", type=click.Choice(list(RENDERERS)), default="table", show_default=True,
+              help="Output format; json follows docs/json-schema.md.")
+@click.option("--units", type=click.Choice(UNIT_CHOICES), default="auto", show_default=True,
+              help="Units of sizes in tables (JSON is always in bytes).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the report to this file instead of standard output.")
+@click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ...],
+                    model_kwargs: dict[str, Any] | None, mode: str, optimizer: str, loss: str,
+                    dtype: str | None, device: str, fmt: str, units: str, output: str | None,
+                    debug: bool) -> None:
+    """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
+
+    Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
+    """
+    name, source = target
+    with _errors_to_exit_codes(debug):
+        report = analyze(source, inputs, mode=mode, optimizer=optimizer, loss=loss, device=device,
+                         dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs)
+        text = RENDERERS[fmt](_named(report, name), units)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        click.echo(text, nl=False)
+
+
+analyze_command.name = "analyze"
+
+
+def _named(report: Any, name: str) -> Any:
+    from dataclasses import replace
+
+    return replace(report, target=name)
+
+
+class _errors_to_exit_codes:
+    """Context manager: GraphmemError -> 'Error: ...' and its exit code; bugs -> exit 1."""
+
+    def __init__(self, debug: bool) -> None:
+        self.debug = debug
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or self.debug or isinstance(exc, (click.ClickException, KeyboardInterrupt)):
+            return False
+        if isinstance(exc, GraphmemError):
+            error = click.ClickException(str(exc))
+            error.exit_code = exc.exit_code
+            raise error from None
+        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
+                   "(rerun with --debug for the traceback, and please report it)", err=True)
+        sys.exit(1)

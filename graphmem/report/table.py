@@ -1,0 +1,55 @@
+"""Stage 4: the table renderer.  MemoryReport -> plain-text tables (tabulate)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from graphmem.report.units import format_bytes
+from graphmem.types import Category, MemoryReport, ModeReport, Phase
+
+__all__ = ["render_table", "module_label"]
+
+
+def module_label(module: str, phase: str, root: str) -> str:
+    """A module path for people: the root module and the loss get names, not ''."""
+    if module:
+        return module
+    return "(loss)" if phase == Phase.LOSS else f"(root {root})"
+
+
+def render_table(report: MemoryReport, units: str = "auto") -> str:
+    """Summary, breakdown at each peak, per-phase peaks, and where each peak happens."""
+    modes = [m for m in (report.inference, report.train) if m is not None]
+    fmt = lambda n: format_bytes(n, units)  # noqa: E731
+    root = report.target.rpartition(":")[2] or report.target
+    head = [""] + [_title(m) for m in modes]
+    parts = [f"graphmem: {report.target}  inputs: {', '.join(report.inputs)}  device: {report.device}"]
+    summary = [["peak"] + [fmt(m.peak_bytes) for m in modes]]
+    if report.ratio is not None:
+        summary.append(["train / inference", "", f"{report.ratio:.2f}x"])
+    parts.append(tabulate(summary, headers=head, tablefmt="simple"))
+    rows = [[str(c)] + [fmt(m.breakdown[c]) for m in modes] for c in Category]
+    rows.append(["total"] + [fmt(sum(m.breakdown.values())) for m in modes])
+    parts.append("Live at the peak, by category\n" + tabulate(rows, headers=head, tablefmt="simple"))
+    where = [["op"] + [m.peak.op for m in modes],
+             ["module"] + [module_label(m.peak.module, m.peak.phase, root) for m in modes],
+             ["phase"] + [f"{m.peak.phase} (iteration {m.peak.iteration + 1})" for m in modes],
+             ["op index"] + [f"{m.peak.step} of {m.num_ops}" for m in modes]]
+    parts.append("Where the peak happens\n" + tabulate(where, headers=head, tablefmt="simple"))
+    if report.train is not None:
+        parts.append(_train_details(report.train, fmt))
+    return "\n\n".join(parts) + "\n"
+
+
+def _title(m: ModeReport) -> str:
+    return "inference" if m.mode == "inference" else f"train ({m.optimizer})"
+
+
+def _train_details(m: ModeReport, fmt: object) -> str:
+    f = fmt if callable(fmt) else str
+    phases = [[p.phase, f(p.peak_bytes)] for p in m.phases]
+    totals = [["parameters", f(m.params_bytes)], ["buffers", f(m.buffers_bytes)],
+              ["gradients", f(m.grads_bytes)], ["optimizer state", f(m.optimizer_state_bytes)],
+              ["activations saved for backward (end of forward)", f(m.activations_bytes)]]
+    return ("Training peak by phase\n" + tabulate(phases, headers=["phase", "peak"], tablefmt="simple")
+            + "\n\nTraining totals\n" + tabulate(totals, headers=["", "bytes"], tablefmt="simple"))
