@@ -93,7 +93,10 @@ def run_memtracker(quick: bool) -> dict[str, Any]:
     return {"peak_bytes": sum(by_device.values()), "peak_by_device": by_device}
 
 
-WORKERS: dict[str, Callable[[bool], dict[str, Any]]] = {"graphmem": run_graphmem, "memtracker": run_memtracker}
+WORKERS: dict[str, Callable[[bool], dict[str, Any]]] = {
+    "graphmem": run_graphmem,
+    "memtracker": run_memtracker,
+}
 
 
 def _preimport(tool: str, quick: bool) -> None:

@@ -38,6 +38,9 @@ def render_table(report: MemoryReport, units: str = "auto") -> str:
     parts.append("Where the peak happens\n" + tabulate(where, headers=head, tablefmt="simple"))
     if report.train is not None:
         parts.append(_train_details(report.train, fmt))
+    unmodeled = sorted({op for m in modes for op in m.unmodeled_ops})
+    parts.append(f"{len(unmodeled)} op types ran without a scratch-memory rule for {report.device}; "
+                 "they are assumed to allocate nothing beyond their outputs (--format json lists them).")
     return "\n\n".join(parts) + "\n"
 
 
