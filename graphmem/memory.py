@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from itertools import accumulate
 
-from graphmem.types import Category, Lifetime, ModeReport, PeakInfo, Phase, PhasePeak, Trace
+from graphmem.types import Category, Lifetime, MemoryEvent, ModeReport, PeakInfo, Phase, PhasePeak, Trace
 
-__all__ = ["build_mode_report", "compute_timeline", "live_by_category"]
+__all__ = ["build_mode_report", "compute_timeline", "live_by_category", "memory_events"]
 
 
 def compute_timeline(lifetimes: Iterable[Lifetime], trace: Trace) -> tuple[int, ...]:
@@ -68,7 +68,7 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
         activations_bytes=live_by_category(lifetimes, end_of_loss)[Category.ACTIVATION],
         num_ops=len(trace.ops),
         unmodeled_ops=tuple(sorted({o.op for o in trace.ops} - set(modeled_ops))),
-        trace=trace)
+        trace=trace, lifetimes=lifetimes)
 
 
 def _phase_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[PhasePeak, ...]:
@@ -78,3 +78,22 @@ def _phase_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[PhasePeak, ..
             best[op.phase] = (live, op.index)
     return tuple(PhasePeak(phase=str(p), peak_bytes=best[p][0], step=best[p][1])
                  for p in Phase if p in best)
+
+
+def memory_events(lifetimes: Iterable[Lifetime], num_ops: int) -> tuple[MemoryEvent, ...]:
+    """The alloc/free sequence of a run: storages that exist before the first op first, then
+    per op its allocations, then the releases that follow it.  Storages still live after
+    the last op are never freed.  Scratch bytes are not included (they have no storage).
+    """
+    allocs: dict[int, list[Lifetime]] = {}
+    frees: dict[int, list[Lifetime]] = {}
+    for life in lifetimes:
+        allocs.setdefault(life.start, []).append(life)
+        if life.end < num_ops - 1:
+            frees.setdefault(life.end, []).append(life)
+    events = [MemoryEvent("alloc", life.sid, life.nbytes, -1) for life in allocs.get(-1, [])]
+    # per op: its allocations (in creation order), then what is released right after it
+    for step in range(num_ops):
+        events += [MemoryEvent("alloc", life.sid, life.nbytes, step) for life in allocs.get(step, [])]
+        events += [MemoryEvent("free", life.sid, life.nbytes, step) for life in frees.get(step, [])]
+    return tuple(events)

@@ -12,7 +12,7 @@ from enum import StrEnum, unique
 
 import torch
 
-__all__ = ["Phase", "Role", "Category", "OpRecord", "StorageRecord", "Trace", "Lifetime",
+__all__ = ["Phase", "Role", "Category", "OpRecord", "StorageRecord", "Trace", "Lifetime", "MemoryEvent",
            "PeakInfo", "PhasePeak", "ModeReport", "MemoryReport"]
 
 
@@ -110,6 +110,20 @@ class Lifetime:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryEvent:
+    """One allocation or release, in the order a real run performs them.
+
+    ``step`` is the op that allocates (-1: before the first op) or the op after which the
+    storage is released (frees come before the next op's allocations).
+    """
+
+    kind: str  # "alloc" | "free"
+    sid: int
+    nbytes: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
 class PeakInfo:
     """Where a peak happens."""
 
@@ -149,6 +163,7 @@ class ModeReport:
     num_ops: int
     unmodeled_ops: tuple[str, ...]
     trace: Trace
+    lifetimes: tuple[Lifetime, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,3 +64,16 @@ def test_last_use_policy_frees_temporaries_early() -> None:
     assert compute_timeline(compute_lifetimes(trace), trace) == (10, 30, 30)
     # last use of both is op 1 -> 10, 30, 0
     assert compute_timeline(compute_lifetimes(trace, "last_use"), trace) == (10, 30, 0)
+
+
+def test_events_replay_to_the_timeline() -> None:
+    from graphmem.memory import memory_events
+
+    trace = _trace()
+    lifetimes = compute_lifetimes(trace)
+    events = memory_events(lifetimes, len(trace.ops))
+    # by hand: params before op 0; op0 allocs the saved 10; op1 the temporary 7, freed after op1;
+    # op2 the loss 1; op3 the gradient 100 and frees the saved 10 after it
+    assert [(e.kind, e.nbytes, e.step) for e in events] == [
+        ("alloc", 100, -1), ("alloc", 10, 0), ("alloc", 7, 1), ("free", 7, 1), ("alloc", 1, 2),
+        ("alloc", 100, 3), ("free", 10, 3)]
