@@ -22,6 +22,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
+    DATA_DEPENDENT_ERRORS,
+    count_flops,
     StorageWeakRef,
     TorchDispatchMode,
     autograd_sequence_nr,
@@ -88,6 +90,7 @@ class Recorder(TorchDispatchMode):
         self._owner: dict[int, str] = {}  # sid -> parameter name, for optimizer/grad ops
         self._constants = 0
         self.pending: tuple[str, str] = ("", "")
+        self.assumptions: list[str] = []
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -169,14 +172,30 @@ class Recorder(TorchDispatchMode):
             self._note_sequence(module)
         self.pending = (str(func), module)  # named in the error if the op raises
         scratch = self._scratch(func, args, kwargs)
-        out = _fresh_outputs(func, func(*args, **kwargs))
+        out = _fresh_outputs(func, self._run(func, args, kwargs))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
         node = self._add_node(func, args, kwargs, out)
+        recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
         self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
-                                 outputs=out_sids, scratch_bytes=scratch))
+                                 outputs=out_sids, scratch_bytes=scratch,
+                                 flops=count_flops(func, args, kwargs, out), recompute=recompute))
         return out
+
+    def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Run the op on fake tensors; a value the optimizer step reads is assumed, not known."""
+        try:
+            return func(*args, **kwargs)
+        except DATA_DEPENDENT_ERRORS:
+            if func != torch.ops.aten._local_scalar_dense.default or self.phase != Phase.OPTIMIZER:
+                raise
+            value = args[0]
+            note = (f"optimizer step: a {str(value.dtype).removeprefix('torch.')} value read with "
+                    ".item() is assumed to be 0 (GradScaler's found_inf: no inf/NaN gradients)")
+            if note not in self.assumptions:
+                self.assumptions.append(note)
+            return False if value.dtype == torch.bool else 0
 
     def _scratch(self, func: Any, args: Any, kwargs: Any) -> int:
         rule = self._rules.get(func)

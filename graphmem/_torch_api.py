@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 __all__ = [
     "DATA_DEPENDENT_ERRORS",
@@ -28,6 +29,7 @@ __all__ = [
     "TorchDispatchMode",
     "UnsupportedOperatorException",
     "autograd_sequence_nr",
+    "count_flops",
     "current_autograd_node",
     "new_fake_mode",
     "quiet_fake_tensor_logs",
@@ -89,3 +91,14 @@ def quiet_fake_tensor_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
+    """FLOPs of one aten op from torch.utils.flop_counter's formulas (0 for ops it has none for)."""
+    formula = flop_registry.get(func.overloadpacket)
+    if formula is None:
+        return 0
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not accept this overload's arguments
+        return 0

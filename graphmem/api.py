@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from graphmem.load import ModelSource, build_model, resolve_target
 from graphmem.memory import build_mode_report
 from graphmem.rules import Rule, rules_for
 from graphmem.spec import InputSpec, parse_input_spec
-from graphmem.step import LOSSES, OPTIMIZERS
+from graphmem.step import StepConfig
 from graphmem.trace import trace_step
 from graphmem.types import MemoryReport, ModeReport
 
@@ -28,7 +29,9 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             device: str = "cpu", dtype: torch.dtype | None = None,
             kwargs: Mapping[str, Any] | None = None,
             rules: Mapping[torch._ops.OpOverload, Rule] | None = None,
-            policy: str = "observed") -> MemoryReport:
+            policy: str = "observed", optimizer_kwargs: Mapping[str, Any] | None = None,
+            optimizer_impl: str = "auto", amp: str | None = None,
+            checkpoint: Sequence[str] = (), grad_accum: int = 1) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
@@ -36,13 +39,22 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             returning an nn.Module, or an nn.Module instance (left untouched).
         inputs: example inputs as ``InputSpec`` or ``"[NAME=]DIMS[:DTYPE]"`` strings.
         mode: ``"both"``, ``"train"`` or ``"inference"``.
-        optimizer: ``sgd``, ``sgd-momentum``, ``adam``, ``adamw`` or ``none`` (train only).
+        optimizer: a name from ``graphmem.step.OPTIMIZER_CHOICES`` (every torch.optim
+            optimizer, bitsandbytes 8-bit ones by formula, ``none``) or ``pkg.module:Class``.
         loss: ``auto``, ``sum``, ``mean``, ``cross_entropy`` or ``nll`` (train only).
         device: target device; ``"cpu"``: bytes as PyTorch's CPU execution allocates them.
         dtype: convert the model's floating parameters and buffers (``model.to(dtype)``).
         kwargs: keyword arguments for the model class or factory.
         rules: extra per-op scratch rules, overriding the registry's for ``device``.
         policy: storage release policy, ``"observed"`` or ``"last_use"`` (see liveness).
+        optimizer_kwargs: extra keyword arguments for the optimizer.
+        optimizer_impl: ``auto`` (PyTorch's choice for the device), ``for-loop``,
+            ``foreach`` or ``fused``.
+        amp: None, ``"bf16"`` or ``"fp16"``: torch.autocast for the device around forward
+            and loss; fp16 adds a torch.amp.GradScaler.
+        checkpoint: module class names to run under non-reentrant activation
+            checkpointing; the report then also holds the training peak without it.
+        grad_accum: forward/backward micro-steps per optimizer step.
 
     Returns:
         A MemoryReport; ``inference`` / ``train`` are None when not asked for.  Sizes in bytes.
@@ -53,27 +65,32 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
         branches on tensor values raises TraceError.  Ops whose meta kernels return other
         strides than the real kernel can shift a gradient copy (seen: LSTM's mkldnn backward).
     """
-    specs = _validate(inputs, mode, optimizer, loss, device, policy)
+    step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
+                      optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=tuple(checkpoint),
+                      grad_accum=grad_accum)
+    specs = _validate(inputs, mode, device, policy, step)
     source = resolve_target(model) if isinstance(model, str) else model
     module = build_model(source, kwargs)
     table = rules_for(device, rules)
-    reports: dict[str, ModeReport] = {}
-    for m in ("inference", "train"):
-        if mode in (m, "both"):
-            trace = trace_step(module, specs, mode=m, optimizer=optimizer, loss=loss,
-                               device=device, dtype=dtype, rules=table)
-            lifetimes = compute_lifetimes(trace, policy)
-            reports[m] = build_mode_report(trace, lifetimes, {str(op) for op in table})
+    modeled = {str(op) for op in table}
+
+    def run(m: str, config: StepConfig) -> ModeReport:
+        trace = trace_step(module, specs, mode=m, step=config, device=device, dtype=dtype, rules=table)
+        return build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
+
+    inference = run("inference", step) if mode in ("inference", "both") else None
+    train = run("train", step) if mode in ("train", "both") else None
+    baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
     name = model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
     return MemoryReport(target=name, device=device, inputs=tuple(str(s) for s in specs),
-                        inference=reports.get("inference"), train=reports.get("train"))
+                        inference=inference, train=train, train_without_checkpoint=baseline)
 
 
-def _validate(inputs: Sequence[InputSpec | str], mode: str, optimizer: str, loss: str,
-              device: str, policy: str) -> list[InputSpec]:
+def _validate(inputs: Sequence[InputSpec | str], mode: str, device: str, policy: str,
+              step: StepConfig) -> list[InputSpec]:
     """Check every option before anything is imported or traced."""
-    for value, choices, what in ((mode, ANALYSIS_MODES, "mode"), (optimizer, tuple(OPTIMIZERS), "optimizer"),
-                                 (loss, LOSSES, "loss"), (device, DEVICES, "device"),
+    step.validate()
+    for value, choices, what in ((mode, ANALYSIS_MODES, "mode"), (device, DEVICES, "device"),
                                  (policy, POLICIES, "policy")):
         if value not in choices:
             raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")

@@ -68,7 +68,18 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
         activations_bytes=live_by_category(lifetimes, end_of_loss)[Category.ACTIVATION],
         num_ops=len(trace.ops),
         unmodeled_ops=tuple(sorted({o.op for o in trace.ops} - set(modeled_ops))),
-        trace=trace, lifetimes=lifetimes)
+        trace=trace, lifetimes=lifetimes,
+        iteration_peaks=_iteration_peaks(trace, timeline),
+        flops=sum(o.flops for o in trace.ops),
+        recompute_flops=sum(o.flops for o in trace.ops if o.recompute),
+        assumptions=trace.assumptions)
+
+
+def _iteration_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[int, ...]:
+    peaks: dict[int, int] = {}
+    for op, live in zip(trace.ops, timeline):
+        peaks[op.iteration] = max(peaks.get(op.iteration, 0), live)
+    return tuple(peaks[i] for i in sorted(peaks))
 
 
 def _phase_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[PhasePeak, ...]:

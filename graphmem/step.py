@@ -1,49 +1,140 @@
-"""What one training step runs: the optimizer choices and the loss functions.
+"""What one training step runs: its configuration, the optimizers and the loss functions.
 
 Used by stage 2 (trace).  Everything here is plain torch code executed on fake tensors, so
-the recorded graph holds exactly what PyTorch's own optimizer and loss code dispatch.
+the recorded graph holds exactly what PyTorch's own optimizer, autocast and loss code
+dispatch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
-from graphmem.errors import TraceError, UserInputError
+from graphmem.errors import TraceError, UnsupportedError, UserInputError
+from graphmem.optim_formula import FORMULA_OPTIMIZERS
 
-__all__ = ["OPTIMIZERS", "LOSSES", "make_optimizer", "find_logits", "compute_loss", "make_targets"]
+__all__ = ["StepConfig", "OPTIMIZERS", "OPTIMIZER_IMPLS", "LOSSES", "AMP_DTYPES", "make_optimizer",
+           "find_logits", "compute_loss", "make_targets", "resolve_optimizer"]
 
-# name -> factory(params) built from the real torch.optim classes with their defaults.
-OPTIMIZERS: dict[str, Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] | None] = {
-    "sgd": lambda params: torch.optim.SGD(params),
-    "sgd-momentum": lambda params: torch.optim.SGD(params, momentum=0.9),
-    "adam": lambda params: torch.optim.Adam(params),
-    "adamw": lambda params: torch.optim.AdamW(params),
-    "none": None,
+# name -> (torch.optim class name, default kwargs): the real classes with their defaults.
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sgd": ("SGD", {}),
+    "sgd-momentum": ("SGD", {"momentum": 0.9}),
+    "sgd-nesterov": ("SGD", {"momentum": 0.9, "nesterov": True}),
+    "adam": ("Adam", {}),
+    "adamw": ("AdamW", {}),
+    "adam-amsgrad": ("Adam", {"amsgrad": True}),
+    "adamw-amsgrad": ("AdamW", {"amsgrad": True}),
+    "adagrad": ("Adagrad", {}),
+    "adadelta": ("Adadelta", {}),
+    "adamax": ("Adamax", {}),
+    "nadam": ("NAdam", {}),
+    "radam": ("RAdam", {}),
+    "rmsprop": ("RMSprop", {}),
+    "rprop": ("Rprop", {}),
+    "asgd": ("ASGD", {}),
+    **({"adafactor": ("Adafactor", {})} if hasattr(torch.optim, "Adafactor") else {}),
+    "lbfgs": ("LBFGS", {}),
 }
-
+OPTIMIZER_CHOICES = (*OPTIMIZERS, *FORMULA_OPTIMIZERS, "none")
+# --optimizer-impl: auto lets PyTorch pick for the target device (for-loop on CPU).
+OPTIMIZER_IMPLS = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+                   "fused": {"fused": True}}
 LOSSES = ("auto", "sum", "mean", "cross_entropy", "nll")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
-    """Build the optimizer ``name`` over ``params`` (None for ``"none"``)."""
-    if name not in OPTIMIZERS:
-        raise UserInputError(f"unknown optimizer {name!r}; expected one of: {', '.join(OPTIMIZERS)}")
-    factory = OPTIMIZERS[name]
-    if factory is None:
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    """How the training step runs.
+
+    Attributes:
+        optimizer: a name from OPTIMIZER_CHOICES, or ``pkg.module:Class`` of a
+            ``torch.optim.Optimizer`` subclass.
+        optimizer_kwargs: extra keyword arguments for the optimizer.
+        optimizer_impl: ``auto``, ``for-loop``, ``foreach`` or ``fused``.
+        loss: a name from LOSSES.
+        amp: None, ``"bf16"`` or ``"fp16"``: torch.autocast around forward and loss
+            (fp16 adds a torch.amp.GradScaler).
+        checkpoint: class names whose modules run under non-reentrant torch.utils.checkpoint.
+        grad_accum: micro-steps (forward + backward) per optimizer step.
+        iterations: optimizer steps recorded (2: the first creates the optimizer state).
+    """
+
+    optimizer: str = "adam"
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    optimizer_impl: str = "auto"
+    loss: str = "auto"
+    amp: str | None = None
+    checkpoint: tuple[str, ...] = ()
+    grad_accum: int = 1
+    iterations: int = 2
+
+    def validate(self) -> None:
+        """Raise UserInputError for any invalid field, before anything is traced."""
+        if self.optimizer not in OPTIMIZER_CHOICES and ":" not in self.optimizer:
+            raise UserInputError(f"unknown optimizer {self.optimizer!r}; expected one of: "
+                                 f"{', '.join(OPTIMIZER_CHOICES)}, or pkg.module:Class")
+        for value, choices, what in ((self.optimizer_impl, tuple(OPTIMIZER_IMPLS), "optimizer-impl"),
+                                     (self.loss, LOSSES, "loss"),
+                                     (self.amp or "bf16", tuple(AMP_DTYPES), "amp")):
+            if value not in choices:
+                raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")
+        if self.grad_accum < 1 or self.iterations < 1:
+            raise UserInputError(f"grad-accum and iterations must be >= 1, got {self.grad_accum} "
+                                 f"and {self.iterations}")
+
+
+def resolve_optimizer(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class and its default kwargs for a name or ``pkg.module:Class``."""
+    if name in OPTIMIZERS:
+        cls_name, defaults = OPTIMIZERS[name]
+        return getattr(torch.optim, cls_name), dict(defaults)
+    if name in FORMULA_OPTIMIZERS:
+        return FORMULA_OPTIMIZERS[name], {}
+    module_name, _, attr = name.rpartition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UserInputError(f"cannot load optimizer {name!r}: {exc}; give pkg.module:Class") from exc
+    if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+        raise UserInputError(f"{name!r} is not a torch.optim.Optimizer subclass")
+    return cls, {}
+
+
+def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+    """Build the step's optimizer over ``params`` (None for ``"none"``)."""
+    if config.optimizer == "none":
         return None
     if not params:
         raise UserInputError("the model has no trainable parameters; use --mode inference "
                              "or --optimizer none")
-    return factory(params)
+    cls, kwargs = resolve_optimizer(config.optimizer)
+    if cls is torch.optim.LBFGS:
+        raise UnsupportedError("LBFGS cannot be recorded: its step re-evaluates the loss and branches "
+                               "on loss and gradient values, which fake tensors do not have")
+    accepted = inspect.signature(cls.__init__).parameters
+    for key in OPTIMIZER_IMPLS[config.optimizer_impl]:
+        if key not in accepted:
+            raise UserInputError(f"{cls.__name__} has no {config.optimizer_impl} implementation; "
+                                 f"use --optimizer-impl auto or for-loop")
+    kwargs.update(OPTIMIZER_IMPLS[config.optimizer_impl], **config.optimizer_kwargs)
+    try:
+        return cls(params, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UserInputError(f"building {cls.__name__}(**{kwargs!r}) failed: {exc}; "
+                             "check --optimizer-kwargs") from exc
 
 
 def find_logits(output: Any) -> torch.Tensor:
-    """The first floating-point tensor in the model's output (tuples, dicts, dataclasses)."""
+    """The first floating-point tensor in the model's output (tuples, dicts, ModelOutput)."""
     if hasattr(output, "to_tuple"):  # transformers' ModelOutput
         output = output.to_tuple()
     leaves, _ = tree_flatten(output)
@@ -75,6 +166,4 @@ def compute_loss(kind: str, output: Any, targets: torch.Tensor | None) -> torch.
     flat = logits.reshape(-1, logits.shape[-1])
     if kind == "cross_entropy":
         return F.cross_entropy(flat, targets.reshape(-1))
-    if kind == "nll":
-        return F.nll_loss(flat, targets.reshape(-1))
-    raise UserInputError(f"unknown loss {kind!r}; expected one of: {', '.join(LOSSES)}")
+    return F.nll_loss(flat, targets.reshape(-1))

@@ -19,10 +19,12 @@ The training step, per iteration (locals are released when it returns)::
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
@@ -38,7 +40,7 @@ from graphmem._torch_api import (
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.rules.registry import Rule
 from graphmem.spec import InputSpec
-from graphmem.step import compute_loss, find_logits, make_optimizer, make_targets
+from graphmem.step import AMP_DTYPES, StepConfig, compute_loss, find_logits, make_optimizer, make_targets
 from graphmem.types import Phase, Role, Trace
 
 __all__ = ["trace_step", "MODES"]
@@ -47,20 +49,18 @@ MODES = ("inference", "train")
 
 
 def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
-               optimizer: str = "adam", loss: str = "auto", device: str = "cpu",
-               dtype: torch.dtype | None = None, iterations: int = 2,
+               step: StepConfig | None = None, device: str = "cpu",
+               dtype: torch.dtype | None = None,
                rules: Mapping[torch._ops.OpOverload, Rule] | None = None) -> Trace:
-    """Record one inference call or ``iterations`` training iterations of ``model``.
+    """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
         model: the model; its own tensors are never modified (fakes are swapped in).
         inputs: example inputs; unnamed ones are positional, named ones keywords.
         mode: ``"inference"`` (eval, no_grad) or ``"train"``.
-        optimizer: a name from ``graphmem.step.OPTIMIZERS`` (train only).
-        loss: a name from ``graphmem.step.LOSSES`` (train only).
+        step: how the training step runs (optimizer, loss, amp, checkpointing, ...).
         device: the target device the fake tensors report.
         dtype: convert floating parameters and buffers, as ``model.to(dtype)`` would.
-        iterations: training iterations to record.
         rules: per-op scratch rules for the target device.
 
     Returns:
@@ -72,6 +72,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     """
     if mode not in MODES:
         raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
+    step = step or StepConfig()
     recorder = Recorder(rules or {})
     fake_mode = new_fake_mode()
     target = torch.device(device)
@@ -88,10 +89,11 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder)
                 else:
-                    _run_training(model, args, kwargs, recorder, optimizer, loss, iterations)
+                    _run_training(model, args, kwargs, recorder, step, target)
             recorder.poll()
-    return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops),
-                 storages=recorder.freeze(), optimizer=optimizer if mode == "train" else None)
+    return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
+                 optimizer=step.optimizer if mode == "train" else None,
+                 assumptions=tuple(recorder.assumptions))
 
 
 def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],
@@ -104,49 +106,122 @@ def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],
     recorder.poll()  # the output is still referenced here: it stays live to the end
 
 
+class _Loop:
+    """The training loop's fixed parts: what ``_micro_step`` and ``_optimizer_step`` share."""
+
+    def __init__(self, model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                 step: StepConfig, device: torch.device) -> None:
+        self.model, self.args, self.kwargs, self.recorder, self.step = model, args, kwargs, recorder, step
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.opt = make_optimizer(step, list(self.params.values()))
+        self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
+        self.autocast_dtype = AMP_DTYPES[step.amp] if step.amp else None
+        self.device = device
+        self.targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
+
+
 def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
-                  optimizer: str, loss: str, iterations: int) -> None:
+                  step: StepConfig, device: torch.device) -> None:
     model.train()
-    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    opt = make_optimizer(optimizer, list(params.values()))
-    targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
-    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t):
-        for iteration in range(iterations):
+    loop = _Loop(model, args, kwargs, recorder, step, device)
+    # micro-steps after the second repeat it exactly (same tensors, gradients resident)
+    micro_steps = min(step.grad_accum, 2)
+    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
+            _checkpointed(model, step.checkpoint, recorder):
+        for iteration in range(step.iterations):
             recorder.iteration = iteration
-            _train_iteration(model, args, kwargs, recorder, opt, params, loss, targets)
+            if step.grad_accum == 1:
+                held = _micro_step(loop)  # a plain step keeps out and loss through the update
+                _optimizer_step(loop)
+                del held
+            else:
+                for _ in range(micro_steps):
+                    _micro_step(loop)
+                _optimizer_step(loop)
             recorder.poll()
 
 
-def _train_iteration(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
-                     opt: torch.optim.Optimizer | None, params: dict[str, nn.Parameter], loss_kind: str,
-                     targets: list[torch.Tensor]) -> None:
+def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
+    recorder, step = loop.recorder, loop.step
     recorder.phase = Phase.FORWARD
-    out = model(*args, **kwargs)
-    recorder.phase = Phase.LOSS
-    if loss_kind in ("cross_entropy", "nll") and not targets:
-        targets.append(make_targets(find_logits(out)))
-        recorder.mark(targets[0], Role.INPUT, "targets")
-    loss = compute_loss(loss_kind, out, targets[0] if targets else None)
+    autocast = (torch.autocast(loop.device.type, dtype=loop.autocast_dtype)
+                if loop.autocast_dtype else contextlib.nullcontext())
+    with autocast:
+        out = loop.model(*loop.args, **loop.kwargs)
+        recorder.phase = Phase.LOSS
+        if step.loss in ("cross_entropy", "nll") and not loop.targets:
+            loop.targets.append(make_targets(find_logits(out)))
+            recorder.mark(loop.targets[0], Role.INPUT, "targets")
+        loss = compute_loss(step.loss, out, loop.targets[0] if loop.targets else None)
+    if step.grad_accum > 1:
+        loss = loss / step.grad_accum
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
         raise TraceError("the loss is not a scalar that requires grad; does the model have "
                          "trainable parameters on its output path? try --loss or --mode inference")
     _mark_output(recorder, (out, loss))
     recorder.phase = Phase.BACKWARD
-    loss.backward()
-    for name, p in params.items():
+    (loop.scaler.scale(loss) if loop.scaler else loss).backward()
+    for name, p in loop.params.items():
         if p.grad is not None:
             recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
+    return out, loss
+
+
+def _optimizer_step(loop: _Loop) -> None:
+    recorder, opt = loop.recorder, loop.opt
     recorder.phase = Phase.OPTIMIZER
-    if opt is not None:
-        opt.step()
-        for name, p in params.items():
-            for key, value in opt.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
-        opt.zero_grad(set_to_none=True)
-    else:
-        for p in params.values():
+    if opt is None:
+        for p in loop.params.values():
             p.grad = None
+        return
+    if loop.scaler is not None:
+        loop.scaler.step(opt)
+        loop.scaler.update()
+        for key in ("_scale", "_growth_tracker"):
+            value = getattr(loop.scaler, key, None)
+            if isinstance(value, torch.Tensor):
+                recorder.mark(value, Role.OPTIMIZER_STATE, f"grad_scaler.{key}")
+    else:
+        opt.step()
+    for name, p in loop.params.items():
+        for key, value in opt.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
+    opt.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def _checkpointed(model: nn.Module, class_names: tuple[str, ...], recorder: Recorder) -> Iterator[None]:
+    """Run every module of the named classes under non-reentrant torch.utils.checkpoint."""
+    if not class_names:
+        yield
+        return
+    paths = {id(m): name for name, m in model.named_modules()}
+    targets = [m for m in model.modules() if type(m).__name__ in class_names]
+    missing = set(class_names) - {type(m).__name__ for m in targets}
+    if missing:
+        available = sorted({type(m).__name__ for m in model.modules()})
+        raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
+                             f"model; its classes are: {', '.join(available)}")
+    for module in targets:
+        module.forward = functools.partial(_checkpoint_call, module.forward,  # type: ignore[method-assign]
+                                           paths.get(id(module), ""), recorder)
+    try:
+        yield
+    finally:
+        for module in targets:
+            del module.forward
+
+
+def _checkpoint_call(forward: Any, path: str, recorder: Recorder, *args: Any, **kwargs: Any) -> Any:
+    def run(*inner: Any, **inner_kwargs: Any) -> Any:
+        recorder.module_stack.append(path)  # names the module in the backward recompute too
+        try:
+            return forward(*inner, **inner_kwargs)
+        finally:
+            recorder.module_stack.pop()
+
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
 
 
 def _saving(recorder: Recorder) -> Any:

@@ -66,6 +66,8 @@ class OpRecord:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     scratch_bytes: int
+    flops: int = 0
+    recompute: bool = False  # a forward op re-run in backward by activation checkpointing
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,7 @@ class Trace:
     ops: tuple[OpRecord, ...]
     storages: tuple[StorageRecord, ...]
     optimizer: str | None
+    assumptions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,10 @@ class ModeReport:
     unmodeled_ops: tuple[str, ...]
     trace: Trace
     lifetimes: tuple[Lifetime, ...]
+    iteration_peaks: tuple[int, ...]
+    flops: int
+    recompute_flops: int
+    assumptions: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +182,7 @@ class MemoryReport:
     inputs: tuple[str, ...]
     inference: ModeReport | None
     train: ModeReport | None
+    train_without_checkpoint: ModeReport | None = None  # the --checkpoint what-if's baseline
 
     @property
     def ratio(self) -> float | None:
