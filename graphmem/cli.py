@@ -19,7 +19,7 @@ from graphmem.errors import GraphmemError, UserInputError
 from graphmem.load import ModelSource, resolve_target
 from graphmem.report import RENDERERS, UNIT_CHOICES
 from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
-from graphmem.step import LOSSES, OPTIMIZERS
+from graphmem.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
 
 __all__ = ["main"]
 
@@ -90,8 +90,21 @@ def main() -> None:
               help="JSON object of keyword arguments for the model class or factory.")
 @click.option("--mode", type=click.Choice(ANALYSIS_MODES), default="both", show_default=True,
               help="Analyse inference, a training step, or both.")
-@click.option("--optimizer", type=click.Choice(list(OPTIMIZERS)), default="adam", show_default=True,
-              help="torch.optim optimizer of the training step, with its defaults.")
+@click.option("--optimizer", default="adam", show_default=True, metavar="NAME|pkg.module:Class",
+              help="Optimizer of the training step: the real torch.optim class with its defaults "
+                   f"({', '.join(OPTIMIZER_CHOICES)}; the *8bit ones are bitsandbytes sized by formula), "
+                   "or any importable torch.optim.Optimizer subclass.")
+@click.option("--optimizer-kwargs", type=JsonObjectType(), default=None,
+              help="JSON object of extra optimizer arguments, e.g. '{\"lr\": 0.01, \"amsgrad\": true}'.")
+@click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="auto", show_default=True,
+              help="auto: what PyTorch picks for the target device (for-loop on CPU).")
+@click.option("--amp", type=click.Choice(list(AMP_DTYPES)), default=None,
+              help="Mixed precision: torch.autocast around forward and loss; fp16 adds a GradScaler.")
+@click.option("--checkpoint", "checkpoint_classes", default="", metavar="CLASS[,CLASS]",
+              help="What-if: run every module of these classes under non-reentrant activation "
+                   "checkpointing; the report shows the peak with and without it.")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Forward/backward micro-steps per optimizer step.")
 @click.option("--loss", type=click.Choice(LOSSES), default="auto", show_default=True,
               help="auto: output.loss if present, else sum of the first float output; "
                    "cross_entropy/nll use int64 class targets.")
@@ -107,7 +120,9 @@ def main() -> None:
               help="Write the report to this file instead of standard output.")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ...],
-                    model_kwargs: dict[str, Any] | None, mode: str, optimizer: str, loss: str,
+                    model_kwargs: dict[str, Any] | None, mode: str, optimizer: str,
+                    optimizer_kwargs: dict[str, Any] | None, optimizer_impl: str, amp: str | None,
+                    checkpoint_classes: str, grad_accum: int, loss: str,
                     dtype: str | None, device: str, fmt: str, units: str, output: str | None,
                     debug: bool) -> None:
     """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
@@ -117,7 +132,10 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
     name, source = target
     with _errors_to_exit_codes(debug):
         report = analyze(source, inputs, mode=mode, optimizer=optimizer, loss=loss, device=device,
-                         dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs)
+                         dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs,
+                         optimizer_kwargs=optimizer_kwargs, optimizer_impl=optimizer_impl, amp=amp,
+                         checkpoint=[c.strip() for c in checkpoint_classes.split(",") if c.strip()],
+                         grad_accum=grad_accum)
         text = RENDERERS[fmt](_named(report, name), units)
     if output:
         with open(output, "w", encoding="utf-8") as handle:
