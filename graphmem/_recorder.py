@@ -22,7 +22,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
-    DATA_DEPENDENT_ERRORS,
     count_flops,
     StorageWeakRef,
     TorchDispatchMode,
@@ -30,10 +29,22 @@ from graphmem._torch_api import (
     current_autograd_node,
     storage_key,
 )
-from graphmem.rules.registry import ArgMeta, Rule, scratch_bytes
+from graphmem.errors import TraceError
+from graphmem.rules.registry import ArgMeta, RuleTable, scratch_bytes
 from graphmem.types import OpRecord, Phase, Role, StorageRecord
 
 __all__ = ["Recorder"]
+
+_READ = torch.ops.aten._local_scalar_dense.default
+# FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
+# real run input and output are one tensor, so only the output is counted.
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride()))
+    return value
 
 
 def _fresh_outputs(func: Any, out: Any) -> Any:
@@ -75,7 +86,7 @@ class _Storage:
 class Recorder(TorchDispatchMode):
     """Records ops and storage lifetimes; see the module docstring."""
 
-    def __init__(self, rules: Mapping[torch._ops.OpOverload, Rule]) -> None:
+    def __init__(self, rules: RuleTable) -> None:
         super().__init__()
         self.graph = torch.fx.Graph()
         self.ops: list[OpRecord] = []
@@ -91,6 +102,8 @@ class Recorder(TorchDispatchMode):
         self._constants = 0
         self.pending: tuple[str, str] = ("", "")
         self.assumptions: list[str] = []
+        self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.replica
+        self._read_index = 0
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -165,14 +178,15 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         self.poll()
         index = len(self.ops)
-        in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+                      and func not in _LIFTS]  # a lift's input is the real constant it fakes
         in_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in in_tensors))
         module = self.current_module(in_tensors)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self._note_sequence(module)
         self.pending = (str(func), module)  # named in the error if the op raises
         scratch = self._scratch(func, args, kwargs)
-        out = _fresh_outputs(func, self._run(func, args, kwargs))
+        out = self._fix_dtypes(func, args, kwargs, _fresh_outputs(func, self._run(func, args, kwargs)))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
         node = self._add_node(func, args, kwargs, out)
@@ -184,26 +198,30 @@ class Recorder(TorchDispatchMode):
         return out
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
-        """Run the op on fake tensors; a value the optimizer step reads is assumed, not known."""
-        try:
+        """Run the op on fake tensors.  A value the optimizer step reads comes from the real
+        one-element replica (graphmem.replica), in order, since fake tensors hold none."""
+        if func != _READ or self.phase != Phase.OPTIMIZER:
             return func(*args, **kwargs)
-        except DATA_DEPENDENT_ERRORS:
-            if func != torch.ops.aten._local_scalar_dense.default or self.phase != Phase.OPTIMIZER:
-                raise
-            value = args[0]
-            note = (f"optimizer step: a {str(value.dtype).removeprefix('torch.')} value read with "
-                    ".item() is assumed to be 0 (GradScaler's found_inf: no inf/NaN gradients)")
-            if note not in self.assumptions:
-                self.assumptions.append(note)
-            return False if value.dtype == torch.bool else 0
+        if self._read_index >= len(self.scalar_reads):
+            raise TraceError("the optimizer step read more tensor values than its one-element "
+                             "replica did; its control flow depends on parameter sizes")
+        value = self.scalar_reads[self._read_index]
+        self._read_index += 1
+        return value
 
     def _scratch(self, func: Any, args: Any, kwargs: Any) -> int:
-        rule = self._rules.get(func)
+        rule = self._rules.scratch.get(func)
         if rule is None:
             return 0
-        to_meta: Callable[[Any], Any] = lambda a: (  # noqa: E731
-            ArgMeta(tuple(a.shape), a.dtype, tuple(a.stride())) if isinstance(a, torch.Tensor) else a)
-        return scratch_bytes(rule, tree_map(to_meta, tuple(args)), tree_map(to_meta, dict(kwargs)))
+        return scratch_bytes(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+
+    def _fix_dtypes(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        """Apply an output_dtypes rule: re-create outputs in the real kernel's dtype."""
+        rule = self._rules.output_dtypes.get(func)
+        if rule is None or not isinstance(out, tuple):
+            return out
+        fixes = rule(tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+        return tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
 
     def _add_node(self, func: Any, args: Any, kwargs: Any, out: Any) -> torch.fx.Node:
         node_args, node_kwargs = tree_map(self._node_of, (tuple(args), dict(kwargs)))

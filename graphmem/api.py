@@ -72,7 +72,7 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
     source = resolve_target(model) if isinstance(model, str) else model
     module = build_model(source, kwargs)
     table = rules_for(device, rules)
-    modeled = {str(op) for op in table}
+    modeled = {str(op) for op in table.scratch}
 
     def run(m: str, config: StepConfig) -> ModeReport:
         trace = trace_step(module, specs, mode=m, step=config, device=device, dtype=dtype, rules=table)

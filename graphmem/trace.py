@@ -38,7 +38,8 @@ from graphmem._torch_api import (
     to_fake,
 )
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
-from graphmem.rules.registry import Rule
+from graphmem.replica import optimizer_scalar_reads
+from graphmem.rules import RuleTable, rules_for
 from graphmem.spec import InputSpec
 from graphmem.step import AMP_DTYPES, StepConfig, compute_loss, find_logits, make_optimizer, make_targets
 from graphmem.types import Phase, Role, Trace
@@ -51,7 +52,7 @@ MODES = ("inference", "train")
 def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
                step: StepConfig | None = None, device: str = "cpu",
                dtype: torch.dtype | None = None,
-               rules: Mapping[torch._ops.OpOverload, Rule] | None = None) -> Trace:
+               rules: RuleTable | None = None) -> Trace:
     """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
@@ -73,7 +74,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     if mode not in MODES:
         raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     step = step or StepConfig()
-    recorder = Recorder(rules or {})
+    recorder = Recorder(rules or rules_for(device))
     fake_mode = new_fake_mode()
     target = torch.device(device)
     with _fake_tensors(model, fake_mode, target, dtype) as names, _module_tracking(model, recorder):
@@ -85,6 +86,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             recorder.add_placeholder(t, f"input_{i}")
             recorder.mark(t, Role.INPUT, f"input {i}")
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
+            if mode == "train":
+                _read_optimizer_values(model, step, target, recorder)
             with fake_mode, recorder:
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder)
@@ -94,6 +97,18 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=step.optimizer if mode == "train" else None,
                  assumptions=tuple(recorder.assumptions))
+
+
+def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,
+                           recorder: Recorder) -> None:
+    """Values the optimizer reads with .item(), from a real one-element replica (outside the modes)."""
+    ndims = [p.dim() for p in model.parameters() if p.requires_grad]
+    recorder.scalar_reads = optimizer_scalar_reads(ndims, step, device.type)
+    if recorder.scalar_reads:
+        recorder.assumptions.append(
+            f"optimizer step: the {len(recorder.scalar_reads)} values it reads with .item() (step "
+            "counts, ASGD's mu, GradScaler's found_inf, ...) come from a real run of the same "
+            "optimizer on one-element parameters with finite gradients")
 
 
 def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],
@@ -114,6 +129,7 @@ class _Loop:
         self.model, self.args, self.kwargs, self.recorder, self.step = model, args, kwargs, recorder, step
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.opt = make_optimizer(step, list(self.params.values()))
+
         self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
         self.autocast_dtype = AMP_DTYPES[step.amp] if step.amp else None
         self.device = device

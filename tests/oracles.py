@@ -14,12 +14,14 @@ The step run is the one graphmem documents:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -106,40 +108,82 @@ def measure_inference(build: Callable[[], torch.nn.Module], inputs: list[torch.T
 
 def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor],
                      make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
-                     loss: str, iterations: int = 2) -> Measured:
+                     loss: str, iterations: int = 2, amp: torch.dtype | None = None,
+                     grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = ()) -> Measured:
+    """Run the documented training step for real; see the module docstring.
+
+    amp: autocast dtype on CPU around forward and loss (float16 adds GradScaler("cpu")).
+    grad_accum: micro-steps per optimizer step, each in its own function (locals die at its
+        return); with 1, out and loss live until the optimizer step is done.
+    checkpoint_classes: modules of these classes run under non-reentrant checkpointing.
+    """
     torch.manual_seed(0)
     model = build()
     model.train()
+    for module in model.modules():
+        if type(module).__name__ in checkpoint_classes:
+            module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
+    # init_scale=1: no overflow, so every step runs (the steady state graphmem models)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if amp == torch.float16 else None
     counter = LiveStorages()
     for t in [*model.parameters(), *model.buffers(), *inputs]:
         counter.add(t)
     targets: list[torch.Tensor] = []
 
-    def one_step() -> None:
+    def micro_step() -> tuple[Any, torch.Tensor]:
         counter.phase = "forward"
-        out = model(*inputs)
-        counter.phase = "loss"
-        logits = _first_float(out)
-        if loss == "sum":
-            value = logits.sum()
-        elif loss == "mean":
-            value = logits.mean()
-        else:
-            if not targets:
-                targets.append(torch.zeros(logits.shape[:-1], dtype=torch.int64))
-            fn = F.cross_entropy if loss == "cross_entropy" else F.nll_loss
-            value = fn(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
+        with torch.autocast("cpu", dtype=amp) if amp else contextlib.nullcontext():
+            out = model(*inputs)
+            counter.phase = "loss"
+            value = _loss(out, loss, targets)
+        if grad_accum > 1:
+            value = value / grad_accum
         counter.phase = "backward"
-        value.backward()
+        (scaler.scale(value) if scaler else value).backward()
+        return out, value
+
+    def optimizer_step() -> None:
         counter.phase = "optimizer"
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def one_step() -> None:
+        if grad_accum == 1:
+            held = micro_step()
+            optimizer_step()
+            del held
+            return
+        for _ in range(grad_accum):
+            micro_step()
+        optimizer_step()
 
     with counter:
         for _ in range(iterations):
             one_step()
     return Measured(counter.peak, dict(counter.phase_peaks))
+
+
+def _loss(out: Any, loss: str, targets: list[torch.Tensor]) -> torch.Tensor:
+    logits = _first_float(out)
+    if loss == "sum":
+        return logits.sum()
+    if loss == "mean":
+        return logits.mean()
+    if not targets:
+        targets.append(torch.zeros(logits.shape[:-1], dtype=torch.int64))
+    fn = F.cross_entropy if loss == "cross_entropy" else F.nll_loss
+    return fn(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
+
+
+def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return run
 
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from graphmem.rules.registry import ArgMeta, Rule, register, rules_for, scratch_bytes
+from graphmem.rules import normalization  # noqa: F401  (registers its rules)
+from graphmem.rules.registry import ArgMeta, Rule, RuleTable, register, rules_for, scratch_bytes
 
-__all__ = ["ArgMeta", "Rule", "register", "rules_for", "scratch_bytes"]
+__all__ = ["ArgMeta", "Rule", "RuleTable", "register", "rules_for", "scratch_bytes"]

@@ -1,11 +1,18 @@
 """Per-op knowledge: the one registry of rules, keyed by aten op overload.
 
-A rule answers what the recorded graph cannot show: bytes an op's kernel allocates for
-itself while it runs (scratch / workspace) and frees before it returns.  A rule is a pure
-function of the op's tensor metadata and non-tensor arguments; it never sees a tensor.
+A rule answers what the recorded graph cannot show.  Two kinds, both pure functions of the
+op's tensor metadata and non-tensor arguments (they never see a tensor):
+
+  - ``scratch``: bytes an op's kernel allocates for itself while it runs (workspace) and
+    frees before it returns -> int bytes;
+  - ``output_dtypes``: where the device's real kernel returns an output in another dtype
+    than the fake kernel does -> {output index: dtype}.
 
     @register(aten.mm.default, device="cuda")
     def mm_workspace(args: tuple[ArgMeta, ...], kwargs: dict) -> int: ...
+
+    @register(aten.native_batch_norm.default, device="cpu", kind="output_dtypes")
+    def mixed_type_stats(args, kwargs) -> dict[int, torch.dtype]: ...
 
 Nothing but ``register`` writes to the table.  Users extend with a mapping passed to
 ``graphmem.analyze(rules=...)``, never by mutating this module.
@@ -19,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArgMeta", "Rule", "register", "rules_for", "scratch_bytes"]
+__all__ = ["ArgMeta", "Rule", "RuleTable", "register", "rules_for", "scratch_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +40,20 @@ class ArgMeta:
 
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], int]
 
-_RULES: dict[tuple[str, torch._ops.OpOverload], Rule] = {}
+KINDS = ("scratch", "output_dtypes")
+_RULES: dict[tuple[str, str, torch._ops.OpOverload], Rule] = {}
 
 
-def register(op: torch._ops.OpOverload, *, device: str) -> Callable[[Rule], Rule]:
-    """Decorator registering ``fn`` as the scratch-bytes rule of ``op`` on ``device``.
+@dataclass(frozen=True, slots=True)
+class RuleTable:
+    """The rules in force for one target device, by kind."""
+
+    scratch: Mapping[torch._ops.OpOverload, Rule]
+    output_dtypes: Mapping[torch._ops.OpOverload, Rule]
+
+
+def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
+    """Decorator registering ``fn`` as the ``kind`` rule of ``op`` on ``device``.
 
     Raises:
         TypeError: ``op`` is not an aten OpOverload (e.g. an OpOverloadPacket).
@@ -45,9 +61,11 @@ def register(op: torch._ops.OpOverload, *, device: str) -> Callable[[Rule], Rule
     """
     if not isinstance(op, torch._ops.OpOverload):
         raise TypeError(f"register: expected an OpOverload such as aten.mm.default, got {op!r}")
+    if kind not in KINDS:
+        raise ValueError(f"register: unknown kind {kind!r}; expected one of {KINDS}")
 
     def decorate(fn: Rule) -> Rule:
-        key = (device, op)
+        key = (device, kind, op)
         if key in _RULES:
             old = _RULES[key]
             raise ValueError(f"register: duplicate rule for {op} on {device}: "
@@ -58,12 +76,12 @@ def register(op: torch._ops.OpOverload, *, device: str) -> Callable[[Rule], Rule
     return decorate
 
 
-def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None
-              ) -> dict[torch._ops.OpOverload, Rule]:
-    """The rule table for ``device``: the registry's rules, overridden by ``extra``."""
-    table = {op: fn for (dev, op), fn in _RULES.items() if dev == device}
-    table.update(extra or {})
-    return table
+def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None) -> RuleTable:
+    """The rules for ``device``; ``extra`` adds or overrides scratch rules."""
+    scratch = {op: fn for (dev, kind, op), fn in _RULES.items() if dev == device and kind == "scratch"}
+    scratch.update(extra or {})
+    dtypes = {op: fn for (dev, kind, op), fn in _RULES.items() if dev == device and kind == "output_dtypes"}
+    return RuleTable(scratch=scratch, output_dtypes=dtypes)
 
 
 def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
