@@ -17,7 +17,7 @@ from graphmem import __version__
 from graphmem.api import ANALYSIS_MODES, DEVICES, analyze
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.load import ModelSource, resolve_target
-from graphmem.report import RENDERERS, UNIT_CHOICES
+from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_output_path, write_files
 from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
 from graphmem.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
 
@@ -118,13 +118,29 @@ def main() -> None:
               help="Units of sizes in tables (JSON is always in bytes).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the report to this file instead of standard output.")
+@click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Levels of the module tree in the per-module table, the JSON and the --dot module graph.")
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="How many of the largest tensors live at the peak to list.")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also draw live bytes over the step, stacked by category, to FILE.svg|.png|.html "
+                   "(needs matplotlib: pip install 'graphmem[viz]').")
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write the predicted allocations as a PyTorch memory snapshot FILE.pickle, "
+                   "for pytorch.org/memory_viz or python -m torch.cuda._memory_viz.")
+@click.option("--dot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write the op graph as DOT (FILE.dot) or render it with Graphviz (FILE.svg|.png|.pdf); "
+                   "needs pydot: pip install 'graphmem[viz]'.")
+@click.option("--collapse", type=click.Choice(COLLAPSE_CHOICES), default="auto", show_default=True,
+              help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ...],
                     model_kwargs: dict[str, Any] | None, mode: str, optimizer: str,
                     optimizer_kwargs: dict[str, Any] | None, optimizer_impl: str, amp: str | None,
                     checkpoint_classes: str, grad_accum: int, loss: str,
                     dtype: str | None, device: str, fmt: str, units: str, output: str | None,
-                    debug: bool) -> None:
+                    depth: int, top: int, timeline: str | None, snapshot: str | None, dot: str | None,
+                    collapse: str, debug: bool) -> None:
     """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
 
     Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
@@ -136,7 +152,9 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
                          optimizer_kwargs=optimizer_kwargs, optimizer_impl=optimizer_impl, amp=amp,
                          checkpoint=[c.strip() for c in checkpoint_classes.split(",") if c.strip()],
                          grad_accum=grad_accum)
-        text = RENDERERS[fmt](_named(report, name), units)
+        text = RENDERERS[fmt](_named(report, name), units, depth=depth, top=top)
+        write_files(_named(report, name), timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse,
+                    depth=depth, units=units)
     if output:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -145,6 +163,14 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
 
 
 analyze_command.name = "analyze"
+
+
+def _picture(param: Any, path: str | None) -> str | None:
+    """Refuse a picture path with the wrong suffix or a missing extra before analysing."""
+    try:
+        return None if path is None else check_output_path(param.name, path)
+    except UserInputError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
 
 
 def _named(report: Any, name: str) -> Any:

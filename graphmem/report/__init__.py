@@ -1,17 +1,35 @@
-"""Stage 4: renderers.  ``RENDERERS`` maps each ``--format`` name to its function."""
+"""Stage 4: renderers.  ``RENDERERS`` maps each ``--format`` name to its function; the
+pictures (timeline, memory_viz snapshot, DOT graph) are written by their own modules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
+from graphmem.report.dot import COLLAPSE_CHOICES, DOT_FORMATS, write_dot
+from graphmem.report.files import check_output_path, write_files
 from graphmem.report.json import render_json, report_to_dict
+from graphmem.report.modules import ModuleRow, TopTensor, module_rows, top_tensors
+from graphmem.report.series import drawn_mode
+from graphmem.report.snapshot import build_snapshot, write_snapshot
 from graphmem.report.table import render_table
+from graphmem.report.timeline import TIMELINE_FORMATS, write_timeline
 from graphmem.report.units import UNITS, format_bytes
 from graphmem.types import MemoryReport
 
-__all__ = ["RENDERERS", "UNIT_CHOICES", "format_bytes", "render_json", "render_table", "report_to_dict"]
+__all__ = ["COLLAPSE_CHOICES", "DOT_FORMATS", "RENDERERS", "Renderer", "TIMELINE_FORMATS", "UNIT_CHOICES",
+           "ModuleRow", "TopTensor", "build_snapshot", "drawn_mode", "format_bytes", "module_rows",
+           "check_output_path", "render_json", "render_table", "report_to_dict", "top_tensors", "write_dot",
+           "write_files", "write_snapshot", "write_timeline"]
 
-RENDERERS: dict[str, Callable[[MemoryReport, str], str]] = {
+
+class Renderer(Protocol):
+    """A ``--format`` renderer: the report, the units of sizes, the module-tree depth and
+    how many top tensors the "where the memory goes" sections show."""
+
+    def __call__(self, report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10) -> str: ...
+
+
+RENDERERS: dict[str, Renderer] = {
     "table": render_table,
     "json": render_json,
 }

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from graphmem.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.report.modules import module_rows, top_tensors
 from graphmem.types import MemoryReport, ModeReport
 
 __all__ = ["report_to_dict", "render_json", "SCHEMA_VERSION"]
@@ -31,12 +33,18 @@ def _mode_to_dict(m: ModeReport) -> dict[str, Any]:
     if m.mode == "train":
         data.update(optimizer=m.optimizer, grads_bytes=m.grads_bytes,
                     optimizer_state_bytes=m.optimizer_state_bytes,
-                    activations_bytes=m.activations_bytes)
+                    optimizer_state_source="formula" if m.optimizer in FORMULA_OPTIMIZERS else "recorded",
+                    activations_bytes=m.activations_bytes,
+                    first_step_peak_bytes=m.iteration_peaks[0],
+                    steady_state_peak_bytes=m.iteration_peaks[-1],
+                    flops=m.flops, recompute_flops=m.recompute_flops)
+    data["assumptions"] = list(m.assumptions)
     return data
 
 
-def report_to_dict(report: MemoryReport) -> dict[str, Any]:
-    """The JSON document as Python data; modes not analysed are absent."""
+def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> dict[str, Any]:
+    """The JSON document as Python data; modes not analysed are absent.  Each mode's
+    ``modules`` cut the module tree at ``depth``; ``top_tensors`` lists ``top`` storages."""
     from graphmem import __version__
 
     data: dict[str, Any] = {
@@ -50,11 +58,27 @@ def report_to_dict(report: MemoryReport) -> dict[str, Any]:
         data["inference"] = _mode_to_dict(report.inference)
     if report.train is not None:
         data["train"] = _mode_to_dict(report.train)
+    if report.train_without_checkpoint is not None:
+        data["train_without_checkpoint"] = _mode_to_dict(report.train_without_checkpoint)
+    for key in ("inference", "train"):
+        if key in data:
+            data[key].update(where_memory_goes(getattr(report, key), depth, top))
     if report.ratio is not None:
         data["train_to_inference_ratio"] = round(report.ratio, 4)
     return data
 
 
-def render_json(report: MemoryReport, units: str = "auto") -> str:
+def render_json(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10) -> str:
     """Indented JSON; ``units`` is accepted for a uniform renderer signature and ignored."""
-    return json.dumps(report_to_dict(report), indent=2)
+    return json.dumps(report_to_dict(report, depth=depth, top=top), indent=2)
+
+
+def where_memory_goes(m: ModeReport, depth: int = 2, top: int = 10) -> dict[str, Any]:
+    """``module_depth``, ``modules`` (per-module bytes) and ``top_tensors`` for one mode."""
+    modules = [{"module": r.module, "params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
+                "optimizer_state_bytes": r.optimizer_state_bytes, "activations_bytes": r.activations_bytes,
+                "peak_bytes": r.peak_bytes} for r in module_rows(m, depth)]
+    tensors = [{"nbytes": t.nbytes, "shape": list(t.shape), "dtype": t.dtype, "category": str(t.category),
+                "name": t.label, "op": t.op, "created": t.created, "module": t.module, "dies": t.dies}
+               for t in top_tensors(m, top)]
+    return {"module_depth": depth, "modules": modules, "top_tensors": tensors}

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from collections.abc import Callable
+
+from graphmem.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.report.module_table import render_module_sections
 from graphmem.report.units import format_bytes
 from graphmem.types import Category, MemoryReport, ModeReport, Phase
 
@@ -17,8 +21,10 @@ def module_label(module: str, phase: str, root: str) -> str:
     return "(loss)" if phase == Phase.LOSS else f"(root {root})"
 
 
-def render_table(report: MemoryReport, units: str = "auto") -> str:
-    """Summary, breakdown at each peak, per-phase peaks, and where each peak happens."""
+def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10) -> str:
+    """Summary, breakdown at each peak, per-phase peaks, where each peak happens, and where the
+    memory goes: a sparkline, a per-module table ``depth`` levels deep, the ``top`` largest
+    storages at the peak (of the training mode when analysed, else inference)."""
     modes = [m for m in (report.inference, report.train) if m is not None]
     fmt = lambda n: format_bytes(n, units)  # noqa: E731
     root = report.target.rpartition(":")[2] or report.target
@@ -38,10 +44,25 @@ def render_table(report: MemoryReport, units: str = "auto") -> str:
     parts.append("Where the peak happens\n" + tabulate(where, headers=head, tablefmt="simple"))
     if report.train is not None:
         parts.append(_train_details(report.train, fmt))
+    if report.train is not None and report.train_without_checkpoint is not None:
+        parts.append(_checkpoint_comparison(report.train, report.train_without_checkpoint, fmt))
+    for note in sorted({a for m in modes for a in m.assumptions}):
+        parts.append(f"Assumed: {note}")
+    parts.extend(render_module_sections(report, units, depth, top))
     unmodeled = sorted({op for m in modes for op in m.unmodeled_ops})
     parts.append(f"{len(unmodeled)} op types ran without a scratch-memory rule for {report.device}; "
                  "they are assumed to allocate nothing beyond their outputs (--format json lists them).")
     return "\n\n".join(parts) + "\n"
+
+
+def _checkpoint_comparison(with_ck: ModeReport, without: ModeReport, fmt: Callable[[int], str]) -> str:
+    """The --checkpoint what-if: both peaks and the recompute cost."""
+    share = with_ck.recompute_flops / without.flops if without.flops else 0.0
+    rows = [["without checkpointing", fmt(without.peak_bytes), f"{without.flops:,}", ""],
+            ["with checkpointing", fmt(with_ck.peak_bytes), f"{with_ck.flops:,}",
+             f"{with_ck.recompute_flops:,} ({share:.1%})"]]
+    return ("Activation checkpointing what-if (FLOPs of both iterations)\n"
+            + tabulate(rows, headers=["", "train peak", "FLOPs", "recomputed FLOPs"], tablefmt="simple"))
 
 
 def _title(m: ModeReport) -> str:
@@ -51,8 +72,11 @@ def _title(m: ModeReport) -> str:
 def _train_details(m: ModeReport, fmt: object) -> str:
     f = fmt if callable(fmt) else str
     phases = [[p.phase, f(p.peak_bytes)] for p in m.phases]
+    phases += [["first step (creates optimizer state)", f(m.iteration_peaks[0])],
+               ["steady state (second step)", f(m.iteration_peaks[-1])]]
+    source = " (formula)" if m.optimizer in FORMULA_OPTIMIZERS else ""
     totals = [["parameters", f(m.params_bytes)], ["buffers", f(m.buffers_bytes)],
-              ["gradients", f(m.grads_bytes)], ["optimizer state", f(m.optimizer_state_bytes)],
+              ["gradients", f(m.grads_bytes)], [f"optimizer state{source}", f(m.optimizer_state_bytes)],
               ["activations saved for backward (end of forward)", f(m.activations_bytes)]]
     return ("Training peak by phase\n" + tabulate(phases, headers=["phase", "peak"], tablefmt="simple")
             + "\n\nTraining totals\n" + tabulate(totals, headers=["", "bytes"], tablefmt="simple"))
