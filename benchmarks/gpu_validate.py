@@ -1,0 +1,274 @@
+"""Predicted vs measured on a CUDA GPU: the zoo, every model x precision x optimizer.
+
+Runs each zoo model (tests/models.py) for real on CUDA, in fp32 and under bf16 autocast, in
+inference and in training with SGD and Adam, and compares ``torch.cuda.max_memory_allocated()``
+/ ``max_memory_reserved()`` with graphmem's caching-allocator prediction
+(``report.<mode>.allocator.allocated_peak_bytes`` / ``.reserved_peak_bytes`` of
+``graphmem.analyze(..., device="cuda")``).  The measured step is the one graphmem records
+(docs/how-it-works.md): two iterations of ``out = model(*inputs); loss = loss_fn(out);
+loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`` in a function whose locals die
+at return; inference is one ``model(*inputs)`` under ``torch.no_grad()``.  Before each row the
+allocator is emptied (cuBLAS workspaces cleared, ``empty_cache()``) and its peaks reset, so
+every row starts from a fresh cache.  A failing row is reported, not fatal.
+
+    python benchmarks/gpu_validate.py                              # print the markdown page
+    python benchmarks/gpu_validate.py --write docs/accuracy-gpu.md
+    python benchmarks/gpu_validate.py --dry-run --models mlp       # on CPU: plumbing only
+
+``--dry-run`` runs the same steps on CPU (measured columns are n/a) and still asks graphmem
+for its CUDA prediction, so everything but the CUDA measurement is exercised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import graphmem
+from tests.models import ZOO, ZooModel
+from tests.oracles import OPTIMIZERS, real_inputs
+
+
+@dataclass(frozen=True)
+class Config:
+    """One column of the sweep: mode, optimizer (training) and autocast dtype."""
+
+    name: str
+    mode: str               # "inference" | "train"
+    optimizer: str | None   # a tests.oracles.OPTIMIZERS key, None for inference
+    amp: str | None         # None (fp32) or "bf16"
+
+
+CONFIGS = (
+    Config("inference-fp32", "inference", None, None),
+    Config("inference-bf16", "inference", None, "bf16"),
+    Config("train-fp32-sgd", "train", "sgd", None),
+    Config("train-fp32-adam", "train", "adam", None),
+    Config("train-bf16-sgd", "train", "sgd", "bf16"),
+    Config("train-bf16-adam", "train", "adam", "bf16"),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """Predicted and measured bytes for one model x config; None where not available."""
+
+    model: str
+    config: str
+    predicted_allocated: int | None
+    measured_allocated: int | None
+    predicted_reserved: int | None
+    measured_reserved: int | None
+    note: str
+
+
+def _first_float(out: Any) -> torch.Tensor:
+    leaves = torch.utils._pytree.tree_flatten(out)[0]
+    return next(t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def _loss(out: Any, loss: str, targets: list[torch.Tensor]) -> torch.Tensor:
+    """The loss graphmem's ``--loss`` applies; class targets are made once and then held."""
+    logits = _first_float(out)
+    if loss == "sum":
+        return logits.sum()
+    if loss == "mean":
+        return logits.mean()
+    if not targets:
+        targets.append(torch.zeros(logits.shape[:-1], dtype=torch.int64, device=logits.device))
+    fn = torch.nn.functional.cross_entropy if loss == "cross_entropy" else torch.nn.functional.nll_loss
+    return fn(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
+
+
+def _autocast(device: str, amp: str | None) -> Any:
+    return torch.autocast(device, dtype=torch.bfloat16) if amp == "bf16" else nullcontext()
+
+
+def run_step(module: torch.nn.Module, inputs: list[torch.Tensor], model: ZooModel, config: Config,
+             device: str) -> None:
+    """The step graphmem records, for real on ``device``."""
+    if config.mode == "inference":
+        module.eval()
+        with torch.no_grad(), _autocast(device, config.amp):
+            out = module(*inputs)
+        del out
+        return
+    module.train()
+    assert config.optimizer is not None
+    opt = OPTIMIZERS[config.optimizer]([p for p in module.parameters() if p.requires_grad])
+    targets: list[torch.Tensor] = []
+
+    def step() -> None:
+        with _autocast(device, config.amp):
+            out = module(*inputs)
+            loss = _loss(out, model.loss, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+
+
+def fresh_allocator() -> None:
+    """Drop every cached block and cuBLAS workspace, then restart the peak counters."""
+    gc.collect()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def measure(model: ZooModel, config: Config, device: str) -> tuple[int | None, int | None]:
+    """(max_memory_allocated, max_memory_reserved) of one real run; (None, None) off CUDA."""
+    cuda = device == "cuda"
+    if cuda:
+        fresh_allocator()
+    torch.manual_seed(0)
+    module = model.build().to(device)
+    inputs = [t.to(device) for t in real_inputs(model.inputs, model.int_high)]
+    run_step(module, inputs, model, config, device)
+    if not cuda:
+        return None, None
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    del module, inputs
+    fresh_allocator()
+    return measured
+
+
+def predict(model: ZooModel, config: Config) -> tuple[int | None, int | None]:
+    """graphmem's CUDA prediction; None for a value the report does not carry (yet)."""
+    report = graphmem.analyze(model.build, list(model.inputs), mode=config.mode,
+                              optimizer=config.optimizer or "adam", loss=model.loss,
+                              device="cuda", amp=config.amp)
+    mode_report = report.train if config.mode == "train" else report.inference
+    allocator = getattr(mode_report, "allocator", None)
+    return (getattr(allocator, "allocated_peak_bytes", None), getattr(allocator, "reserved_peak_bytes", None))
+
+
+def _attempt(fn: Callable[[], tuple[int | None, int | None]], what: str, notes: list[str]
+             ) -> tuple[int | None, int | None]:
+    try:
+        return fn()
+    except Exception as error:  # noqa: BLE001  (a failing row is reported, not fatal)
+        notes.append(f"{what}: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}")
+        return None, None
+
+
+def compare(model: ZooModel, config: Config, device: str) -> Row:
+    """One row: predict, then measure, each caught separately."""
+    notes: list[str] = []
+    predicted = _attempt(lambda: predict(model, config), "predict", notes)
+    measured = _attempt(lambda: measure(model, config, device), "measure", notes)
+    if device == "cuda" and None in measured:
+        fresh_allocator()
+    return Row(model.name, config.name, predicted[0], measured[0], predicted[1], measured[1], "; ".join(notes))
+
+
+def _bytes(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+def _error(predicted: int | None, measured: int | None) -> str:
+    if predicted is None or measured is None or measured == 0:
+        return "n/a"
+    return f"{(predicted - measured) / measured:+.2%}"
+
+
+def render_table(rows: Sequence[Row], gpu: str, torch_version: str) -> str:
+    """The markdown table, then the notes of rows that failed."""
+    lines = [("| model | config | predicted allocated (B) | measured allocated (B) | error | predicted reserved (B) "
+             "| measured reserved (B) | error | GPU | torch |"), "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.config} | {_bytes(r.predicted_allocated)} | {_bytes(r.measured_allocated)} "
+                     f"| {_error(r.predicted_allocated, r.measured_allocated)} | {_bytes(r.predicted_reserved)} "
+                     f"| {_bytes(r.measured_reserved)} | {_error(r.predicted_reserved, r.measured_reserved)} "
+                     f"| {gpu} | {torch_version} |")
+    notes = [f"- {r.model} / {r.config}: {r.note}" for r in rows if r.note]
+    return "\n".join(lines + (["", "Notes:", "", *notes] if notes else []))
+
+
+def calibration() -> list[str]:
+    """Facts about this GPU for graphmem/gpus.py: total memory, cuBLAS workspace, CUDA context."""
+    props = torch.cuda.get_device_properties(0)
+    a = torch.ones(64, 64, device="cuda")
+    before = torch.cuda.memory_allocated()
+    product = a @ a  # the first cuBLAS call of this thread allocates its workspace
+    torch.cuda.synchronize()
+    workspace = torch.cuda.memory_allocated() - before - product.untyped_storage().nbytes()
+    free, total = torch.cuda.mem_get_info()
+    context = total - free - torch.cuda.memory_reserved()
+    size_fn = getattr(torch.backends.cuda, "cublas_workspace_size", None)
+    del a, product
+    return [(f"- device: {props.name}, compute capability {props.major}.{props.minor}, "
+            f"total_memory {props.total_memory:,} B"),
+            (f"- first cuBLAS call allocated {workspace:,} B (torch.backends.cuda.cublas_workspace_size(): "
+            f"{size_fn() if callable(size_fn) else 'n/a'})"),
+            (f"- memory in use outside PyTorch's allocator (the CUDA context, if no other process uses the GPU): "
+            f"{context:,} B")]
+
+
+def page(rows: Sequence[Row], gpu: str, dry_run: bool, facts: list[str], seconds: float) -> str:
+    head = ("# Accuracy on a CUDA GPU: predicted vs measured allocator peaks\n\n"
+            "Generated by `python benchmarks/gpu_validate.py --write docs/accuracy-gpu.md`. Measured = "
+            "`torch.cuda.max_memory_allocated()` / `max_memory_reserved()` over the step graphmem records "
+            "(two training iterations, or one inference call), starting from an emptied cache; predicted = "
+            "`report.<mode>.allocator` of `graphmem.analyze(..., device=\"cuda\")`. Error = "
+            "(predicted - measured) / measured.\n\n")
+    if dry_run:
+        head += ("**Dry run on CPU: no GPU measurement.** Measured columns are n/a; this page only shows that "
+                 "the script runs. Regenerate it on a machine with a CUDA GPU.\n\n")
+    tail = ["", "## This GPU", "", *facts] if facts else []
+    return head + render_table(rows, gpu, torch.__version__) + "\n" + "\n".join(tail) + \
+        f"\n\n({len(rows)} rows in {seconds:.0f} s.)\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", type=Path, help="write the markdown page here")
+    parser.add_argument("--dry-run", action="store_true", help="run on CPU without measuring (plumbing check)")
+    parser.add_argument("--models", nargs="*", default=None, help=f"zoo names (default all: "
+                        f"{', '.join(m.name for m in ZOO)})")
+    parser.add_argument("--configs", nargs="*", default=None, help=f"config names (default all: "
+                        f"{', '.join(c.name for c in CONFIGS)})")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("error: no CUDA device; use --dry-run to check the script on CPU", file=sys.stderr)
+        return 2
+    device = "cpu" if args.dry_run else "cuda"
+    models = [m for m in ZOO if args.models is None or m.name in args.models]
+    configs = [c for c in CONFIGS if args.configs is None or c.name in args.configs]
+    start = time.perf_counter()
+    facts = calibration() if device == "cuda" else []
+    rows = [compare(model, config, device) for model in models for config in configs]
+    gpu = "none (dry run)" if args.dry_run else torch.cuda.get_device_name(0)
+    text = page(rows, gpu, args.dry_run, facts, time.perf_counter() - start)
+    if args.write:
+        args.write.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
