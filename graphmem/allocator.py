@@ -150,7 +150,7 @@ class _State:
         self.config = config
         self.pools: dict[tuple[int, bool], _Pool] = {}
         self.tails: dict[tuple[int, bool], _Block] = {}  # unmapped tail of each expandable segment
-        self.live: dict[int, _Block | None] = {}
+        self.live: dict[int, tuple[_Block | None, int]] = {}  # sid -> (block, bytes requested)
         self.next_addr = 1 << 40
         self.allocated = self.reserved = self.requested = 0
         self.segments = self.device_allocs = 0
@@ -197,14 +197,14 @@ def _apply(state: _State, event: MemoryEvent, index: int, stream: int) -> None:
             raise UserInputError(f"replay: event {index} allocates sid {event.sid} ({event.nbytes} B), which is "
                                  "already live or negative; expected each live sid once and sizes >= 0.")
         # NativeCachingAllocator::allocate: `if (size != 0) malloc(...)`: empty storages get no block
-        state.live[event.sid] = _malloc(state, event.nbytes, stream) if event.nbytes else None
+        state.live[event.sid] = (_malloc(state, event.nbytes, stream) if event.nbytes else None, event.nbytes)
         state.requested += event.nbytes
     elif event.kind == "free":
         if event.sid not in state.live:
             raise UserInputError(f"replay: event {index} frees sid {event.sid}, which is not live; "
                                  "expected a free after its alloc.")
-        block = state.live.pop(event.sid)
-        state.requested -= event.nbytes
+        block, nbytes = state.live.pop(event.sid)
+        state.requested -= nbytes
         if block is not None:
             _free(state, block)
     else:
@@ -313,20 +313,19 @@ def _grow_expandable(state: _State, pool: _Pool, size: int, stream: int, small: 
         tail = state.tails[(stream, small)] = _Block(state.next_addr, _VIRTUAL_SPACE, stream, small, mapped=False)
         state.next_addr += _VIRTUAL_SPACE
         state.segments += 1
-    free_tail = tail.prev if tail.prev is not None and not tail.prev.allocated else None
-    have = free_tail.size if free_tail is not None else 0
-    if free_tail is not None:
-        pool.remove(free_tail)
-    if have >= size:
-        return free_tail  # type: ignore[return-value]  # have > 0 implies free_tail
-    page = K_SMALL_BUFFER if small else state.config.large_segment_size_bytes
-    mapped = -(-(size - have) // page) * page
-    block = free_tail or _Block(tail.addr, 0, stream, small)
-    if free_tail is None:
+    block = tail.prev
+    if block is not None and not block.allocated:  # the free block before the unmapped space
+        pool.remove(block)
+        if block.size >= size:
+            return block
+    else:  # an empty block at the start of the unmapped space
+        block = _Block(tail.addr, 0, stream, small)
         block.prev, block.next = tail.prev, tail
         if tail.prev is not None:
             tail.prev.next = block
         tail.prev = block
+    page = K_SMALL_BUFFER if small else state.config.large_segment_size_bytes
+    mapped = -(-(size - block.size) // page) * page
     block.size += mapped  # map_block, then try_merge with the free block before it
     tail.addr += mapped
     tail.size -= mapped
