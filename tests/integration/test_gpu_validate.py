@@ -16,6 +16,7 @@ def test_dry_run_writes_the_table(tmp_path: Path) -> None:
     assert "| mlp | train-fp32-sgd |" in text
     assert "Dry run on CPU" in text
     assert "measure:" not in text  # the step itself ran on CPU without error
+    assert "| expandable_segments:True | 2000 | n/a (dry run) |" in text  # the allocator-only section
 
 
 def test_error_column_by_hand() -> None:
