@@ -16,10 +16,29 @@ from graphmem.report.timeline import TIMELINE_FORMATS, write_timeline
 from graphmem.report.units import UNITS, format_bytes
 from graphmem.types import MemoryReport
 
-__all__ = ["COLLAPSE_CHOICES", "DOT_FORMATS", "RENDERERS", "Renderer", "TIMELINE_FORMATS", "UNIT_CHOICES",
-           "ModuleRow", "TopTensor", "build_snapshot", "drawn_mode", "format_bytes", "module_rows",
-           "check_output_path", "render_json", "render_table", "report_to_dict", "top_tensors", "write_dot",
-           "write_files", "write_snapshot", "write_timeline"]
+__all__ = [
+    "COLLAPSE_CHOICES",
+    "DOT_FORMATS",
+    "RENDERERS",
+    "TIMELINE_FORMATS",
+    "UNIT_CHOICES",
+    "ModuleRow",
+    "Renderer",
+    "TopTensor",
+    "build_snapshot",
+    "check_output_path",
+    "drawn_mode",
+    "format_bytes",
+    "module_rows",
+    "render_json",
+    "render_table",
+    "report_to_dict",
+    "top_tensors",
+    "write_dot",
+    "write_files",
+    "write_snapshot",
+    "write_timeline",
+]
 
 
 class Renderer(Protocol):

@@ -1,0 +1,178 @@
+"""Stage 4 helper: where the memory sits, by module and by tensor.
+
+Input: one ModeReport (its trace's ops and storages, and its lifetimes).
+Output: ``ModuleRow`` per module of the module tree cut at a depth (parameters, gradients,
+optimizer state, activations saved for backward, bytes live at the peak), and
+``TopTensor`` records for the largest storages live at the peak.
+
+A storage belongs to a module by name when it has one (parameters, buffers, gradients and
+optimizer state carry their parameter's name), else to the module of the op that created
+it; inputs and targets form the row ``(inputs)``, storages made by the loss ``(loss)``,
+and those made outside every module ``(root)``.  Each storage lands in exactly one row,
+so every column sums to the mode's total (``params_bytes``, ..., ``peak_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphmem.report.series import live_at
+from graphmem.types import Category, ModeReport, Phase, StorageRecord, Trace
+
+__all__ = [
+    "INPUTS",
+    "LOSS",
+    "ROOT",
+    "ModuleRow",
+    "TopTensor",
+    "cut_module",
+    "module_rows",
+    "op_module",
+    "reference_steps",
+    "storage_module",
+    "top_tensors",
+]
+
+INPUTS = "(inputs)"
+LOSS = "(loss)"
+ROOT = "(root)"
+
+# Categories named after a parameter: how many trailing name parts to drop to reach the
+# module path ("layers.0.weight" -> "layers.0"; "layers.0.weight.exp_avg" -> "layers.0").
+_NAMED = {Category.PARAMETER: 1, Category.BUFFER: 1, Category.GRADIENT: 2, Category.OPTIMIZER_STATE: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleRow:
+    """Bytes one module (and everything under it, past the depth cut) accounts for.
+
+    ``grads_bytes`` is counted at the end of backward, ``optimizer_state_bytes`` at the end
+    of the step and ``activations_bytes`` at the end of the first loss, as the mode's
+    totals are; ``peak_bytes`` is the module's share of the live set at the peak.
+    """
+
+    module: str
+    params_bytes: int
+    grads_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopTensor:
+    """One storage live at the peak.  ``op`` is "" and ``created`` -1 for storages that
+    exist before the first op; ``dies`` is the last op it is live after, None when it is
+    still referenced when the step ends."""
+
+    sid: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    category: Category
+    label: str
+    op: str
+    created: int
+    module: str
+    dies: int | None
+
+
+def cut_module(module: str, depth: int) -> str:
+    """The ancestor of ``module`` at most ``depth`` levels deep ("a.b.c", 2 -> "a.b");
+    the special rows ("(inputs)", ...) are left as they are."""
+    if depth < 1:
+        raise AssertionError(f"cut_module: depth must be >= 1, got {depth}")
+    if module.startswith("("):
+        return module
+    return ".".join(module.split(".")[:depth])
+
+
+def storage_module(storage: StorageRecord, category: Category, trace: Trace) -> str:
+    """The full module path a storage is attributed to (see the module docstring)."""
+    if category == Category.INPUT:
+        return INPUTS
+    if category in _NAMED and storage.label:
+        return ".".join(storage.label.split(".")[:-_NAMED[category]]) or ROOT
+    return op_module(trace, storage.created) if storage.created >= 0 else ROOT
+
+
+def reference_steps(mode: ModeReport) -> dict[str, int | None]:
+    """The op indices the totals are taken at: ``end_of_loss`` (last op before the first
+    backward op), ``end_of_backward`` (last backward op; None without backward), ``end``."""
+    ops = mode.trace.ops
+    backward = [o.index for o in ops if o.phase == Phase.BACKWARD]
+    return {"end_of_loss": backward[0] - 1 if backward else len(ops) - 1,
+            "end_of_backward": backward[-1] if backward else None,
+            "end": len(ops) - 1}
+
+
+def module_rows(mode: ModeReport, depth: int = 2) -> tuple[ModuleRow, ...]:
+    """One row per module cut at ``depth``, in order of first execution ((inputs) first).
+
+    Args:
+        mode: one analysed mode.
+        depth: levels of the module tree kept; deeper modules add to their ancestor.
+
+    Returns:
+        Rows whose columns sum to ``params_bytes``, ``grads_bytes``,
+        ``optimizer_state_bytes``, ``activations_bytes`` and ``peak_bytes``.  Bytes.
+    """
+    steps = reference_steps(mode)
+    storages = {s.sid: s for s in mode.trace.storages}
+    peak = mode.peak.step
+    # column -> (category it counts or None for all, the op index it is taken at)
+    columns = {"params": (Category.PARAMETER, -1), "grads": (Category.GRADIENT, steps["end_of_backward"]),
+               "optimizer_state": (Category.OPTIMIZER_STATE, steps["end"]),
+               "activations": (Category.ACTIVATION, steps["end_of_loss"]), "peak": (None, peak)}
+    sums: dict[str, dict[str, int]] = {}
+    for life in mode.lifetimes:
+        key = cut_module(storage_module(storages[life.sid], life.category, mode.trace), depth)
+        row = sums.setdefault(key, dict.fromkeys(columns, 0))
+        for column, (category, step) in columns.items():
+            if step is not None and category in (None, life.category) and life.start <= step <= life.end:
+                row[column] += life.nbytes
+    peak_op = mode.trace.ops[peak]
+    if peak_op.scratch_bytes:
+        key = cut_module(op_module(mode.trace, peak), depth)
+        sums.setdefault(key, dict.fromkeys(columns, 0))["peak"] += peak_op.scratch_bytes
+    order = _first_seen(mode.trace, depth)
+    return tuple(ModuleRow(module=key, params_bytes=v["params"], grads_bytes=v["grads"],
+                           optimizer_state_bytes=v["optimizer_state"],
+                           activations_bytes=v["activations"], peak_bytes=v["peak"])
+                 for key, v in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
+def op_module(trace: Trace, index: int) -> str:
+    """The module path of op ``index``; ops outside every module are the loss's or the root's."""
+    op = trace.ops[index]
+    if op.module:
+        return op.module
+    return LOSS if op.phase == Phase.LOSS else ROOT
+
+
+def _first_seen(trace: Trace, depth: int) -> dict[str, int]:
+    # rows in execution order: inputs, then modules as the forward pass reaches them
+    order = {INPUTS: 0}
+    for op in trace.ops:
+        order.setdefault(cut_module(op_module(trace, op.index), depth), len(order))
+    return order
+
+
+def top_tensors(mode: ModeReport, count: int = 10) -> tuple[TopTensor, ...]:
+    """The ``count`` largest storages live at the peak, largest first (ties by creation).
+
+    Args:
+        mode: one analysed mode.
+        count: how many to return (fewer when fewer are live).
+    """
+    storages = {s.sid: s for s in mode.trace.storages}
+    last = len(mode.trace.ops) - 1
+    out = []
+    for life in live_at(mode, mode.peak.step)[:max(count, 0)]:
+        s = storages[life.sid]
+        out.append(TopTensor(
+            sid=s.sid, nbytes=life.nbytes, shape=s.shape, dtype=s.dtype, category=life.category,
+            label=s.label, op=mode.trace.ops[s.created].op if s.created >= 0 else "", created=s.created,
+            module=storage_module(s, life.category, mode.trace),
+            dies=None if life.end >= last and s.released is None else life.end))
+    return tuple(out)

@@ -1,0 +1,83 @@
+"""Stage 4 helpers: series over the op sequence, shared by the pictures.
+
+Input: one ModeReport (its trace's ops and its lifetimes).
+Output: the mode a picture draws, the phase spans (forward / loss / backward / optimizer
+per iteration), live bytes per category after every op, the storages live after an op,
+and a peak-preserving downsampling for graphs of tens of thousands of ops.
+Pure functions; no plotting library is imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate, pairwise
+
+from graphmem.types import Category, Lifetime, MemoryReport, ModeReport, OpRecord
+
+__all__ = ["PhaseSpan", "bucket_peaks", "category_timelines", "drawn_mode", "live_at", "phase_spans"]
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpan:
+    """A run of consecutive ops of one phase in one iteration (op indices, inclusive)."""
+
+    phase: str
+    iteration: int
+    start: int
+    end: int
+
+
+def drawn_mode(report: MemoryReport) -> ModeReport:
+    """The mode the pictures and per-module tables show: training when analysed, else inference."""
+    mode = report.train if report.train is not None else report.inference
+    if mode is None:
+        raise AssertionError("drawn_mode: the report holds neither a train nor an inference mode")
+    return mode
+
+
+def phase_spans(ops: Sequence[OpRecord]) -> tuple[PhaseSpan, ...]:
+    """Split the op sequence into maximal runs of the same (phase, iteration)."""
+    spans: list[PhaseSpan] = []
+    for op in ops:
+        last = spans[-1] if spans else None
+        if last is not None and (last.phase, last.iteration) == (str(op.phase), op.iteration):
+            spans[-1] = PhaseSpan(last.phase, last.iteration, last.start, op.index)
+        else:
+            spans.append(PhaseSpan(str(op.phase), op.iteration, op.index, op.index))
+    return tuple(spans)
+
+
+def category_timelines(mode: ModeReport) -> dict[Category, tuple[int, ...]]:
+    """Live bytes after each op, per category (every category present); the op's scratch
+    bytes count as temporaries.  Summed over categories this is ``mode.timeline``."""
+    n = len(mode.trace.ops)
+    deltas = {c: [0] * (n + 2) for c in Category}
+    # each lifetime adds its bytes from start to end; shifted by one so start -1 fits
+    for life in mode.lifetimes:
+        deltas[life.category][life.start + 1] += life.nbytes
+        deltas[life.category][life.end + 2] -= life.nbytes
+    series = {c: list(accumulate(d))[1:n + 1] for c, d in deltas.items()}
+    for op in mode.trace.ops:
+        series[Category.TEMPORARY][op.index] += op.scratch_bytes
+    return {c: tuple(values) for c, values in series.items()}
+
+
+def live_at(mode: ModeReport, step: int) -> tuple[Lifetime, ...]:
+    """The lifetimes that cover op ``step`` (live after it), largest first, then by sid."""
+    live = [life for life in mode.lifetimes if life.start <= step <= life.end]
+    return tuple(sorted(live, key=lambda life: (-life.nbytes, life.sid)))
+
+
+def bucket_peaks(values: Sequence[int], buckets: int) -> tuple[int, ...]:
+    """Indices that keep the shape of ``values`` at ``buckets`` points: the index of the
+    largest value in each of ``buckets`` equal runs (all indices when there are fewer).
+    The global maximum is always kept, so a downsampled curve still reaches the peak."""
+    n = len(values)
+    if buckets <= 0:
+        raise AssertionError(f"bucket_peaks: buckets must be positive, got {buckets}")
+    if n <= buckets:
+        return tuple(range(n))
+    bounds = [round(i * n / buckets) for i in range(buckets + 1)]
+    return tuple(max(range(lo, hi), key=values.__getitem__)
+                 for lo, hi in pairwise(bounds) if hi > lo)

@@ -1,0 +1,166 @@
+"""Stage 4: the memory timeline picture.  ModeReport -> SVG, PNG or HTML (matplotlib).
+
+Input: one ModeReport (training when analysed, else inference).
+Output: live bytes after every op, stacked by category, with the phases shaded (forward,
+loss, backward, optimizer, per iteration) and the peak marked with its op and module.
+Graphs of tens of thousands of ops are drawn from at most ``MAX_POINTS`` points, each the
+highest op of its run of ops, so the curve keeps its peaks (``series.bucket_peaks``).
+matplotlib is an optional dependency (``pip install graphmem[viz]``), imported here only.
+"""
+
+from __future__ import annotations
+
+import io
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from graphmem.errors import UserInputError
+from graphmem.report.modules import ROOT, op_module
+from graphmem.report.series import PhaseSpan, bucket_peaks, category_timelines, phase_spans
+from graphmem.report.units import UNITS, format_bytes
+from graphmem.types import Category, ModeReport
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "MAX_POINTS",
+    "TIMELINE_FORMATS",
+    "render_timeline",
+    "require_matplotlib",
+    "timeline_figure",
+    "write_timeline",
+]
+
+TIMELINE_FORMATS = ("svg", "png", "html")
+MAX_POINTS = 3000
+# bottom to top: what stays for the whole step first, what comes and goes on top
+STACK_ORDER = (Category.PARAMETER, Category.BUFFER, Category.INPUT, Category.OPTIMIZER_STATE,
+               Category.GRADIENT, Category.ACTIVATION, Category.OUTPUT, Category.TEMPORARY)
+COLOURS = {Category.PARAMETER: "#4c72b0", Category.BUFFER: "#8172b3", Category.INPUT: "#937860",
+           Category.OPTIMIZER_STATE: "#55a868", Category.GRADIENT: "#c44e52",
+           Category.ACTIVATION: "#dd8452", Category.OUTPUT: "#da8bc3", Category.TEMPORARY: "#8c8c8c"}
+PHASE_SHADES = {"forward": "#e3eefa", "loss": "#f1e4f5", "backward": "#fdeadb", "optimizer": "#e6f4e1"}
+
+
+def require_matplotlib() -> None:
+    """Raise UserInputError naming the extra when matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise UserInputError("--timeline needs matplotlib, which is not installed; "
+                             "install it with: pip install 'graphmem[viz]'") from exc
+
+
+def timeline_figure(mode: ModeReport, title: str, units: str = "auto") -> Figure:
+    """The timeline as a matplotlib Figure (no pyplot state is touched).
+
+    Args:
+        mode: the mode to draw.
+        title: the figure title.
+        units: units of the y axis (``auto`` picks the peak's unit).
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    ax = fig.add_subplot()
+    unit = _axis_unit(mode.peak_bytes, units)
+    scale = UNITS[unit]  # plot in the axis unit so the ticks fall on round numbers
+    _shade_phases(ax, phase_spans(mode.trace.ops), len(mode.timeline))
+    _stack(ax, mode, scale)
+    _mark_peak(ax, mode, units, scale)
+    ax.set_ylabel(f"live bytes ({unit})")
+    ax.set_xlabel("op (execution order)")
+    ax.set_xlim(-0.5, len(mode.timeline) - 0.5)
+    ax.set_ylim(0, mode.peak_bytes / scale * 1.22 or 1)
+    ax.set_title(title, loc="left")
+    fig.legend(loc="outside right upper", fontsize="small", frameon=False)
+    return fig
+
+
+def _axis_unit(peak: int, units: str) -> str:
+    if units != "auto":
+        return units
+    return next((u for u in reversed(UNITS) if peak >= UNITS[u]), "B")
+
+
+def _stack(ax: Axes, mode: ModeReport, scale: int) -> None:
+    """Stacked areas per category, drawn as steps: live bytes hold from one op to the next."""
+    series = category_timelines(mode)
+    picks = bucket_peaks(mode.timeline, MAX_POINTS)
+    shown = [c for c in STACK_ORDER if any(series[c])]
+    ax.stackplot(list(picks), [[series[c][i] / scale for i in picks] for c in shown], step="post",
+                 labels=[str(c) for c in shown], colors=[COLOURS[c] for c in shown], linewidth=0)
+
+
+def _shade_phases(ax: Axes, spans: tuple[PhaseSpan, ...], num_ops: int) -> None:
+    """Shade each phase run and name the wide ones; a dashed line where an iteration starts."""
+    labelled: set[str] = set()
+    for span in spans:
+        label = None if span.phase in labelled else f"{span.phase} phase"
+        labelled.add(span.phase)
+        ax.axvspan(span.start - 0.5, span.end + 0.5, color=PHASE_SHADES.get(span.phase, "#eeeeee"),
+                   zorder=0, linewidth=0, label=label)
+        if span.end - span.start + 1 >= 0.05 * num_ops:
+            ax.text((span.start + span.end) / 2, 0.985, f"{span.phase} {span.iteration + 1}",
+                    transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize="small",
+                    color="#555555")
+        if span.iteration > 0 and span.phase == "forward" and span.start > 0:
+            ax.axvline(span.start - 0.5, color="#777777", linestyle="--", linewidth=0.8, zorder=1)
+
+
+def _mark_peak(ax: Axes, mode: ModeReport, units: str, scale: int) -> None:
+    """A marker on the peak and a note naming its op, module, phase and iteration."""
+    peak = mode.peak
+    module = op_module(mode.trace, peak.step)
+    module = "(root module)" if module == ROOT else module
+    note = (f"peak {format_bytes(mode.peak_bytes, units)} after op {peak.step}\n{peak.op}\n"
+            f"{module}, {peak.phase} (iteration {peak.iteration + 1})")
+    right_half = peak.step > len(mode.timeline) / 2
+    ax.plot([peak.step], [mode.peak_bytes / scale], marker="v", color="#b00020", markersize=9, zorder=5,
+            linestyle="none")
+    ax.annotate(note, xy=(peak.step, mode.peak_bytes / scale), xytext=(-12 if right_half else 12, -6),
+                textcoords="offset points", ha="right" if right_half else "left", va="top",
+                fontsize="small", zorder=6,
+                bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#b00020", "alpha": 0.9})
+
+
+def render_timeline(mode: ModeReport, fmt: str, title: str, units: str = "auto") -> bytes:
+    """The timeline as file content in ``fmt`` (one of ``TIMELINE_FORMATS``)."""
+    if fmt not in TIMELINE_FORMATS:
+        raise UserInputError(f"unknown timeline format {fmt!r}; expected one of: {', '.join(TIMELINE_FORMATS)}")
+    fig = timeline_figure(mode, title, units)
+    buffer = io.BytesIO()
+    from matplotlib import rc_context
+
+    with rc_context({"svg.fonttype": "none"}):  # SVG text stays text: searchable, and smaller
+        fig.savefig(buffer, format="png" if fmt == "png" else "svg", dpi=110, metadata=_metadata(fmt))
+    if fmt != "html":
+        return buffer.getvalue()
+    svg = buffer.getvalue().decode("utf-8")
+    svg = svg[svg.index("<svg"):]  # drop the XML prolog and doctype to inline it
+    return _html_page(title, mode, units, svg).encode("utf-8")
+
+
+def _metadata(fmt: str) -> dict[str, Any]:
+    # no creation date: the same analysis writes the same file
+    return {"Software": "graphmem"} if fmt == "png" else {"Date": None, "Creator": "graphmem"}
+
+
+def _html_page(title: str, mode: ModeReport, units: str, svg: str) -> str:
+    peak = mode.peak
+    summary = (f"peak {format_bytes(mode.peak_bytes, units)} after op {peak.step} of {len(mode.timeline)}: "
+               f"{peak.op} in {peak.module or '(root module)'}, {peak.phase} (iteration {peak.iteration + 1})")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title></head>\n<body style=\"font-family: sans-serif\">\n"
+            f"<h1 style=\"font-size: 1.2em\">{escape(title)}</h1>\n<p>{escape(summary)}</p>\n{svg}\n</body></html>\n")
+
+
+def write_timeline(mode: ModeReport, path: str | Path, title: str, units: str = "auto") -> None:
+    """Write the timeline to ``path``; its suffix (.svg, .png, .html) picks the format."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    content = render_timeline(mode, fmt, title, units)
+    Path(path).write_bytes(content)
