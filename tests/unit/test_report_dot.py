@@ -29,6 +29,11 @@ def _unquote(value: object) -> str:
     return str(value).strip('"')
 
 
+def _constants(graph: torch.fx.Graph) -> int:
+    """Tensors an op read that no recorded op or placeholder made (fx get_attr nodes)."""
+    return sum(1 for node in graph.nodes if node.op == "get_attr")
+
+
 def read_back(path: Path) -> nx.MultiDiGraph:
     return nx.nx_pydot.read_dot(str(path))
 
@@ -43,8 +48,8 @@ def test_op_graph_parses_with_every_op_and_the_peak_set(linear: MemoryReport, tm
     assert mode is not None
     write_dot(mode, tmp_path / "g.dot", collapse="op")
     graph = read_back(tmp_path / "g.dot")
-    # one node per recorded op, plus the placeholders weight, bias and input 0
-    assert graph.number_of_nodes() == len(mode.trace.ops) + 3
+    # one node per recorded op, plus the placeholders weight, bias and input 0 (and any constant)
+    assert graph.number_of_nodes() == len(mode.trace.ops) + 3 + _constants(mode.trace.graph)
     assert {"in_weight", "in_bias", "in_input_0"} <= set(graph.nodes)
     marked = {n for n, attrs in graph.nodes(data=True) if "peak" in _unquote(attrs.get("class", "")).split()}
     # the storages live after the peak op, from the raw records, and the node that made each
@@ -114,7 +119,8 @@ def test_module_collapse_follows_the_module_tree(tmp_path: Path, depth: int, nod
 def test_auto_collapses_large_graphs(linear: MemoryReport, tmp_path: Path) -> None:
     assert linear.train is not None
     small = write_dot(linear.train, tmp_path / "a.dot")
-    assert small.number_of_nodes() == len(linear.train.trace.ops) + 3  # op level: under the limit
+    # op level: under the limit
+    assert small.number_of_nodes() == len(linear.train.trace.ops) + 3 + _constants(linear.train.trace.graph)
     big = graphmem.analyze(f"{ROOT}/examples/gpt.py:GPT", ["1x8:int64"], mode="train", optimizer="sgd",
                            kwargs={"vocab": 50, "dim": 16, "layers": 2, "heads": 2, "max_seq": 8})
     assert big.train is not None and big.train.num_ops > AUTO_COLLAPSE_NODES
@@ -129,7 +135,8 @@ def test_graphviz_renders_svg_with_the_peak_class(linear: MemoryReport, tmp_path
     write_dot(linear.train, tmp_path / "g.svg", collapse="op")
     root = ET.fromstring((tmp_path / "g.svg").read_text())
     classes = [g.get("class", "") for g in root.iter("{http://www.w3.org/2000/svg}g")]
-    assert sum("node" in c.split() for c in classes) == len(linear.train.trace.ops) + 3
+    expected = len(linear.train.trace.ops) + 3 + _constants(linear.train.trace.graph)
+    assert sum("node" in c.split() for c in classes) == expected
     assert any("peak_op" in c.split() for c in classes)
 
 

@@ -82,7 +82,7 @@ def test_columns_sum_to_the_totals(report: MemoryReport, mode_name: str) -> None
         assert sum(r.optimizer_state_bytes for r in rows) == mode.optimizer_state_bytes
         assert sum(r.activations_bytes for r in rows) == mode.activations_bytes
         assert sum(r.peak_bytes for r in rows) == mode.peak_bytes
-        assert [r.module for r in rows][0] == "(inputs)"
+        assert next(r.module for r in rows) == "(inputs)"
 
 
 def test_top_tensors_are_the_largest_live_at_the_peak(report: MemoryReport) -> None:
@@ -154,7 +154,7 @@ def test_bucket_peaks_keeps_every_bucket_maximum() -> None:
 def test_sparkline_scale_and_peak_caret(report: MemoryReport) -> None:
     assert sparkline([0, 7, 14], 0, 14) == BLOCKS[0] + BLOCKS[4] + BLOCKS[7]  # 7/14 of 7 levels rounds to 4
     assert report.train is not None
-    header, line, phases, caret = render_sparkline(report.train, "B", width=40).splitlines()
+    _header, line, phases, caret = render_sparkline(report.train, "B", width=40).splitlines()
     assert len(line) == len(phases) == 40
     assert line[caret.index("^")] == BLOCKS[-1]
     assert set(phases) <= set("flboFLBO") and "F" in phases

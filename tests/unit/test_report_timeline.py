@@ -48,7 +48,7 @@ def test_stacked_areas_reach_the_peak(mlp: MemoryReport) -> None:
     assert mode is not None
     fig = timeline_figure(mode, "MLP train", units="B")
     ax = fig.axes[0]
-    tops = max(path.vertices[:, 1].max() for c in ax.collections for path in c.get_paths())
+    tops = max(float(max(y for _, y in path.vertices)) for c in ax.collections for path in c.get_paths())
     assert tops == pytest.approx(mode.peak_bytes)  # units "B": the y axis is in bytes
     assert ax.get_ylabel() == "live bytes (B)"
 
