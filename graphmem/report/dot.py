@@ -87,8 +87,12 @@ def _describe(storage: StorageRecord | None) -> str:
 
 
 def _placeholder_storages(trace: Trace) -> dict[str, StorageRecord]:
-    # the recorder names placeholders after the storage's label, dots and spaces as "_"
-    return {s.label.replace(".", "_").replace(" ", "_"): s for s in trace.storages if s.created < 0 and s.label}
+    """Graph node id of each placeholder -> its storage.  The recorder asks fx for a
+    placeholder named after the storage's label (dots and spaces as "_"): the node's
+    target; its name may carry a suffix fx added to keep names unique."""
+    by_label = {s.label.replace(".", "_").replace(" ", "_"): s for s in trace.storages if s.created < 0 and s.label}
+    return {f"in_{node.name}": by_label[str(node.target)] for node in trace.graph.nodes
+            if node.op == "placeholder" and str(node.target) in by_label}
 
 
 def _node_ids(trace: Trace) -> dict[torch.fx.Node, str]:
@@ -109,8 +113,8 @@ def _node_ids(trace: Trace) -> dict[torch.fx.Node, str]:
 def _producers(trace: Trace) -> dict[int, str]:
     """Storage id -> the node that made it: its creating op, or its placeholder."""
     made = {s.sid: f"op{s.created}" for s in trace.storages if s.created >= 0}
-    for name, storage in _placeholder_storages(trace).items():
-        made[storage.sid] = f"in_{name}"
+    for node_id, storage in _placeholder_storages(trace).items():
+        made[storage.sid] = node_id
     return made
 
 
@@ -138,8 +142,8 @@ def _op_nodes(graph: nx.DiGraph, mode: ModeReport, units: str) -> None:
         label = (f"#{op.index} {_short(op.op)}\\n{op_module(trace, op.index)} · {op.phase} {op.iteration + 1}"
                  f"\\n{_describe(shown)}{kind}\\n{format_bytes(sizes[op.index], units)}")
         graph.add_node(f"op{op.index}", label=label, tooltip=op.op, **_fill(sizes[op.index], scale))
-    for name, s in _placeholder_storages(trace).items():
-        graph.add_node(f"in_{name}", shape="box", style="filled", label=(
+    for node_id, s in _placeholder_storages(trace).items():
+        graph.add_node(node_id, shape="box", style="filled", label=(
             f"{s.label}\\n{_describe(s)}\\n{format_bytes(s.nbytes, units)}"), **_fill(s.nbytes, scale))
 
 
@@ -199,8 +203,8 @@ def _groups(graph: nx.DiGraph, mode: ModeReport, depth: int) -> dict[str, str]:
     trace = mode.trace
     group = {f"op{op.index}": cut_module(op_module(trace, op.index), depth) for op in trace.ops}
     categories = {life.sid: life.category for life in mode.lifetimes}
-    for name, s in _placeholder_storages(trace).items():
-        group[f"in_{name}"] = cut_module(storage_module(s, categories[s.sid], trace), depth)
+    for node_id, s in _placeholder_storages(trace).items():
+        group[node_id] = cut_module(storage_module(s, categories[s.sid], trace), depth)
     for node in graph:
         if node not in group:
             readers = sorted(graph.successors(node), key=lambda n: int(n[2:]) if n.startswith("op") else 0)
@@ -264,11 +268,9 @@ def _op_level_size(mode: ModeReport) -> int:
 
 def to_dot(graph: nx.DiGraph, title: str = "") -> str:
     """DOT text of ``graph`` (via pydot, which networkx needs to write DOT)."""
-    try:
-        from networkx.drawing.nx_pydot import to_pydot
-    except ImportError as exc:  # pragma: no cover - networkx always ships the module
-        raise UserInputError("--dot needs pydot: pip install 'graphmem[viz]'") from exc
     require_pydot()
+    from networkx.drawing.nx_pydot import to_pydot
+
     dot = to_pydot(graph)
     legend = str(graph.graph.get("legend", ""))
     dot.set_label(f"{title}\\n{legend}" if title else legend)
