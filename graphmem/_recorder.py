@@ -13,8 +13,9 @@ Only the recorder holds weak references; it never keeps a tensor alive.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -104,6 +105,7 @@ class Recorder(TorchDispatchMode):
         self.assumptions: list[str] = []
         self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.replica
         self._read_index = 0
+        self._silent = False
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -171,10 +173,19 @@ class Recorder(TorchDispatchMode):
             self._seq_starts.append(newest)
             self._seq_modules.append(module)
 
+    @contextlib.contextmanager
+    def silenced(self) -> Iterator[None]:
+        """Ops run inside are graphmem's own bookkeeping: not recorded."""
+        self._silent = True
+        try:
+            yield
+        finally:
+            self._silent = False
+
     # -- the mode ---------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace in ("prim", "profiler"):  # device queries, profiler marks: no memory
+        if self._silent or func.namespace in ("prim", "profiler"):  # device queries, profiler marks
             return func(*args, **kwargs)
         self.poll()
         index = len(self.ops)

@@ -37,6 +37,7 @@ from graphmem._torch_api import (
     quiet_fake_tensor_logs,
     to_fake,
 )
+from graphmem.cuda import CudaKernels
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.replica import optimizer_scalar_reads
 from graphmem.rules import RuleTable, rules_for
@@ -52,7 +53,7 @@ MODES = ("inference", "train")
 def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
                step: StepConfig | None = None, device: str = "cpu",
                dtype: torch.dtype | None = None,
-               rules: RuleTable | None = None) -> Trace:
+               rules: RuleTable | None = None, cuda: CudaKernels | None = None) -> Trace:
     """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
@@ -63,6 +64,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         device: the target device the fake tensors report.
         dtype: convert floating parameters and buffers, as ``model.to(dtype)`` would.
         rules: per-op scratch rules for the target device.
+        cuda: for the CUDA target, the kernel choices to apply; the fake tensors then report
+            ``cpu`` (see graphmem.cuda for why) and ``device`` is ignored.
 
     Returns:
         The Trace.
@@ -76,7 +79,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     step = step or StepConfig()
     recorder = Recorder(rules or rules_for(device))
     fake_mode = new_fake_mode()
-    target = torch.device(device)
+    target = torch.device("cpu" if cuda is not None else device)
     with _fake_tensors(model, fake_mode, target, dtype) as names, _module_tracking(model, recorder):
         args, kwargs = _fake_inputs(inputs, fake_mode, target)
         for tensor, (name, role) in names.items():
@@ -88,7 +91,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             if mode == "train":
                 _read_optimizer_values(model, step, target, recorder)
-            with fake_mode, recorder:
+            with fake_mode, recorder, cuda or contextlib.nullcontext():
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder)
                 else:
@@ -241,9 +244,17 @@ def _checkpoint_call(forward: Any, path: str, recorder: Recorder, *args: Any, **
 
 
 def _saving(recorder: Recorder) -> Any:
+    """The pack hook: note the storage as saved for backward.
+
+    It returns a detached alias, not the tensor itself: a saved output that held itself would
+    form a reference cycle (output -> grad_fn -> saved output) that keeps it alive until the
+    garbage collector runs, where the real run frees it at once.  The alias shares the
+    storage, so memory is unchanged; its detach is not recorded (no real run performs it).
+    """
     def pack(t: torch.Tensor) -> torch.Tensor:
         recorder.mark(t, Role.SAVED)
-        return t
+        with recorder.silenced():
+            return t.detach()
     return pack
 
 
