@@ -138,9 +138,10 @@ def _op_nodes(graph: nx.DiGraph, mode: ModeReport, units: str) -> None:
     scale = _log_range([*sizes.values(), *(s.nbytes for s in storages.values() if s.created < 0)])
     for op in trace.ops:
         shown = made[op.index][0] if made[op.index] else (storages[op.outputs[0]] if op.outputs else None)
-        kind = "" if made[op.index] or shown is None else " (view / in place)"
+        # a view or an in-place op: it shows the storage it shares, not its own shape
+        what = _describe(shown) if made[op.index] or shown is None else f"shares {_describe(shown)}"
         label = (f"#{op.index} {_short(op.op)}\\n{op_module(trace, op.index)} · {op.phase} {op.iteration + 1}"
-                 f"\\n{_describe(shown)}{kind}\\n{format_bytes(sizes[op.index], units)}")
+                 f"\\n{what}\\n{format_bytes(sizes[op.index], units)}")
         graph.add_node(f"op{op.index}", label=label, tooltip=op.op, **_fill(sizes[op.index], scale))
     for node_id, s in _placeholder_storages(trace).items():
         graph.add_node(node_id, shape="box", style="filled", label=(

@@ -177,4 +177,4 @@ def _segment(live: list[tuple[int, int, list[Frame]]], end: int) -> dict[str, An
 def write_snapshot(mode: ModeReport, path: str | Path, root: str = "model") -> None:
     """Pickle the snapshot of ``mode`` to ``path``, as ``torch.cuda.memory._dump_snapshot`` does."""
     with open(path, "wb") as handle:
-        pickle.dump(build_snapshot(mode, root), handle)
+        pickle.dump(build_snapshot(mode, root), handle, protocol=4)  # MemoryViz.js reads protocols 2-4
