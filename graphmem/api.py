@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -14,14 +16,18 @@ from graphmem.load import ModelSource, build_model, resolve_target
 from graphmem.memory import build_mode_report
 from graphmem.rules import Rule, rules_for
 from graphmem.spec import InputSpec, parse_input_spec
-from graphmem.step import StepConfig
+from graphmem.alloc_conf import AllocatorConfig, parse_alloc_conf
+from graphmem.cuda import SDPA_CHOICES, CudaKernels
+from graphmem.cuda_memory import model_cuda_allocator
+from graphmem.gpus import GPU, get_gpu
+from graphmem.step import StepConfig, resolve_optimizer
 from graphmem.trace import trace_step
 from graphmem.types import MemoryReport, ModeReport
 
 __all__ = ["analyze", "ANALYSIS_MODES", "DEVICES"]
 
 ANALYSIS_MODES = ("both", "train", "inference")
-DEVICES = ("cpu",)
+DEVICES = ("cpu", "cuda")
 
 
 def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
@@ -31,7 +37,8 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             rules: Mapping[torch._ops.OpOverload, Rule] | None = None,
             policy: str = "observed", optimizer_kwargs: Mapping[str, Any] | None = None,
             optimizer_impl: str = "auto", amp: str | None = None,
-            checkpoint: Sequence[str] = (), grad_accum: int = 1) -> MemoryReport:
+            checkpoint: Sequence[str] = (), grad_accum: int = 1, gpu: str = "h100-80gb",
+            sdpa: str = "auto", alloc_conf: str | None = None) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
@@ -42,7 +49,9 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
         optimizer: a name from ``graphmem.step.OPTIMIZER_CHOICES`` (every torch.optim
             optimizer, bitsandbytes 8-bit ones by formula, ``none``) or ``pkg.module:Class``.
         loss: ``auto``, ``sum``, ``mean``, ``cross_entropy`` or ``nll`` (train only).
-        device: target device; ``"cpu"``: bytes as PyTorch's CPU execution allocates them.
+        device: target device; ``"cpu"``: bytes as PyTorch's CPU execution allocates them;
+            ``"cuda"``: CUDA's kernel choices, and the caching allocator's allocated and
+            reserved peaks (``ModeReport.allocator``).
         dtype: convert the model's floating parameters and buffers (``model.to(dtype)``).
         kwargs: keyword arguments for the model class or factory.
         rules: extra per-op scratch rules, overriding the registry's for ``device``.
@@ -55,6 +64,11 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
         checkpoint: module class names to run under non-reentrant activation
             checkpointing; the report then also holds the training peak without it.
         grad_accum: forward/backward micro-steps per optimizer step.
+        gpu: CUDA target: a preset name from ``graphmem.gpus.GPUS``.
+        sdpa: CUDA target: attention backend, ``auto`` (PyTorch's choice), ``flash``,
+            ``efficient``, ``cudnn`` or ``math``.
+        alloc_conf: CUDA target: a PYTORCH_CUDA_ALLOC_CONF string; None reads the
+            environment variable.
 
     Returns:
         A MemoryReport; ``inference`` / ``train`` are None when not asked for.  Sizes in bytes.
@@ -69,21 +83,56 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=tuple(checkpoint),
                       grad_accum=grad_accum)
     specs = _validate(inputs, mode, device, policy, step)
+    cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
+    if cuda is not None:
+        step = replace(step, optimizer_impl=_cuda_default_impl(step))
     source = resolve_target(model) if isinstance(model, str) else model
     module = build_model(source, kwargs)
     table = rules_for(device, rules)
     modeled = {str(op) for op in table.scratch}
 
     def run(m: str, config: StepConfig) -> ModeReport:
-        trace = trace_step(module, specs, mode=m, step=config, device=device, dtype=dtype, rules=table)
-        return build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
+        kernels = CudaKernels(cuda[0], sdpa) if cuda else None
+        trace = trace_step(module, specs, mode=m, step=config, device=device, dtype=dtype, rules=table,
+                           cuda=kernels)
+        report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
+        if cuda is None or kernels is None:
+            return report
+        notes = report.assumptions + ((_CUDA_AMP_NOTE,) if config.amp else ())
+        return replace(report, allocator=model_cuda_allocator(report, *cuda),
+                       sdpa_backends=dict(kernels.backends), assumptions=notes)
 
     inference = run("inference", step) if mode in ("inference", "both") else None
     train = run("train", step) if mode in ("train", "both") else None
     baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
     name = model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
     return MemoryReport(target=name, device=device, inputs=tuple(str(s) for s in specs),
-                        inference=inference, train=train, train_without_checkpoint=baseline)
+                        inference=inference, train=train, train_without_checkpoint=baseline,
+                        gpu=cuda[0] if cuda else None)
+
+
+_CUDA_AMP_NOTE = ("--amp with --device cuda: autocast follows the installed torch's CPU op lists; CUDA's "
+                  "differ (softmax, layer_norm, sum, exp run in fp32 there), so low-precision "
+                  "activations may be under- or over-counted")
+
+
+def _cuda_target(device: str, gpu: str, sdpa: str, alloc_conf: str | None
+                 ) -> tuple[GPU, AllocatorConfig] | None:
+    """The GPU preset and allocator settings of a CUDA target (None for cpu), validated."""
+    if device != "cuda":
+        return None
+    if sdpa not in SDPA_CHOICES:
+        raise UserInputError(f"unknown sdpa backend {sdpa!r}; expected one of: {', '.join(SDPA_CHOICES)}")
+    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
+    return get_gpu(gpu), parse_alloc_conf(text)
+
+
+def _cuda_default_impl(step: StepConfig) -> str:
+    """PyTorch's own pick for CUDA parameters: foreach where the optimizer has it."""
+    if step.optimizer_impl != "auto" or step.optimizer == "none":
+        return step.optimizer_impl
+    cls, _ = resolve_optimizer(step.optimizer)
+    return "foreach" if "foreach" in inspect.signature(cls.__init__).parameters else "auto"
 
 
 def _validate(inputs: Sequence[InputSpec | str], mode: str, device: str, policy: str,

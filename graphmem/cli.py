@@ -16,6 +16,8 @@ import click
 from graphmem import __version__
 from graphmem.api import ANALYSIS_MODES, DEVICES, analyze
 from graphmem.errors import GraphmemError, UserInputError
+from graphmem.cuda import SDPA_CHOICES
+from graphmem.gpus import GPUS
 from graphmem.load import ModelSource, resolve_target
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_output_path, write_files
 from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
@@ -111,7 +113,15 @@ def main() -> None:
 @click.option("--dtype", type=click.Choice(MODEL_DTYPES), default=None,
               help="Convert the model's floating parameters and buffers, as model.to(dtype).")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
-              help="Target device whose allocations are predicted.")
+              help="Target device whose allocations are predicted. cuda: CUDA's kernel choices and the "
+                   "caching allocator (what torch.cuda.max_memory_allocated / _reserved will say).")
+@click.option("--gpu", default="h100-80gb", show_default=True, metavar="NAME",
+              help=f"With --device cuda: the GPU ({', '.join(GPUS)}).")
+@click.option("--sdpa", type=click.Choice(SDPA_CHOICES), default="auto", show_default=True,
+              help="With --device cuda: attention backend; auto is PyTorch's own choice for the GPU and dtype.")
+@click.option("--alloc-conf", default=None, metavar="TEXT",
+              help="With --device cuda: PYTORCH_CUDA_ALLOC_CONF settings "
+                   "(default: the environment variable), e.g. expandable_segments:True.")
 @click.option("--format", "fmt", type=click.Choice(list(RENDERERS)), default="table", show_default=True,
               help="Output format; json follows docs/json-schema.md.")
 @click.option("--units", type=click.Choice(UNIT_CHOICES), default="auto", show_default=True,
@@ -138,7 +148,8 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
                     model_kwargs: dict[str, Any] | None, mode: str, optimizer: str,
                     optimizer_kwargs: dict[str, Any] | None, optimizer_impl: str, amp: str | None,
                     checkpoint_classes: str, grad_accum: int, loss: str,
-                    dtype: str | None, device: str, fmt: str, units: str, output: str | None,
+                    dtype: str | None, device: str, gpu: str, sdpa: str, alloc_conf: str | None,
+                    fmt: str, units: str, output: str | None,
                     depth: int, top: int, timeline: str | None, snapshot: str | None, dot: str | None,
                     collapse: str, debug: bool) -> None:
     """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
@@ -151,7 +162,7 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
                          dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs,
                          optimizer_kwargs=optimizer_kwargs, optimizer_impl=optimizer_impl, amp=amp,
                          checkpoint=[c.strip() for c in checkpoint_classes.split(",") if c.strip()],
-                         grad_accum=grad_accum)
+                         grad_accum=grad_accum, gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf)
         text = RENDERERS[fmt](_named(report, name), units, depth=depth, top=top)
         write_files(_named(report, name), timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse,
                     depth=depth, units=units)

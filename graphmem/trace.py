@@ -93,7 +93,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 _read_optimizer_values(model, step, target, recorder)
             with fake_mode, recorder, cuda or contextlib.nullcontext():
                 if mode == "inference":
-                    _run_inference(model, args, kwargs, recorder)
+                    _run_inference(model, args, kwargs, recorder, step, target)
                 else:
                     _run_training(model, args, kwargs, recorder, step, target)
             recorder.poll()
@@ -115,10 +115,10 @@ def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.dev
 
 
 def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],
-                   recorder: Recorder) -> None:
+                   recorder: Recorder, step: StepConfig, device: torch.device) -> None:
     model.eval()
     recorder.phase = Phase.FORWARD
-    with torch.no_grad():
+    with torch.no_grad(), _autocast(step, device):
         out = model(*args, **kwargs)
     _mark_output(recorder, out)
     recorder.poll()  # the output is still referenced here: it stays live to the end
@@ -134,7 +134,6 @@ class _Loop:
         self.opt = make_optimizer(step, list(self.params.values()))
 
         self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
-        self.autocast_dtype = AMP_DTYPES[step.amp] if step.amp else None
         self.device = device
         self.targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
 
@@ -163,9 +162,7 @@ def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], rec
 def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
     recorder, step = loop.recorder, loop.step
     recorder.phase = Phase.FORWARD
-    autocast = (torch.autocast(loop.device.type, dtype=loop.autocast_dtype)
-                if loop.autocast_dtype else contextlib.nullcontext())
-    with autocast:
+    with _autocast(step, loop.device):
         out = loop.model(*loop.args, **loop.kwargs)
         recorder.phase = Phase.LOSS
         if step.loss in ("cross_entropy", "nll") and not loop.targets:
@@ -184,6 +181,13 @@ def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
         if p.grad is not None:
             recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
     return out, loss
+
+
+def _autocast(step: StepConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """torch.autocast for ``--amp`` on the (fake) device, or nothing."""
+    if step.amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AMP_DTYPES[step.amp])
 
 
 def _optimizer_step(loop: _Loop) -> None:

@@ -9,8 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum, unique
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from graphmem.allocator import AllocatorStats
+    from graphmem.gpus import GPU
 
 __all__ = ["Phase", "Role", "Category", "OpRecord", "StorageRecord", "Trace", "Lifetime", "MemoryEvent",
            "PeakInfo", "PhasePeak", "ModeReport", "MemoryReport"]
@@ -171,6 +176,8 @@ class ModeReport:
     flops: int
     recompute_flops: int
     assumptions: tuple[str, ...]
+    allocator: AllocatorStats | None = None  # CUDA target: the caching allocator's view
+    sdpa_backends: Mapping[str, int] | None = None  # CUDA target: attention kernels chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,7 @@ class MemoryReport:
     inference: ModeReport | None
     train: ModeReport | None
     train_without_checkpoint: ModeReport | None = None  # the --checkpoint what-if's baseline
+    gpu: GPU | None = None  # CUDA target: the GPU preset
 
     @property
     def ratio(self) -> float | None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
 from collections.abc import Callable
 
+from tabulate import tabulate
+
 from graphmem.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.report.cuda_section import cuda_table
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.units import format_bytes
 from graphmem.types import Category, MemoryReport, ModeReport, Phase
@@ -42,6 +43,9 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
              ["phase"] + [f"{m.peak.phase} (iteration {m.peak.iteration + 1})" for m in modes],
              ["op index"] + [f"{m.peak.step} of {m.num_ops}" for m in modes]]
     parts.append("Where the peak happens\n" + tabulate(where, headers=head, tablefmt="simple"))
+    cuda = cuda_table(report, modes, head, fmt)
+    if cuda:
+        parts.append(cuda)
     if report.train is not None:
         parts.append(_train_details(report.train, fmt))
     if report.train is not None and report.train_without_checkpoint is not None:

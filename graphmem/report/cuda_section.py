@@ -1,0 +1,45 @@
+"""Stage 4: the CUDA target's part of the reports: allocator peaks and the GPU's budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tabulate import tabulate
+
+from graphmem.gpus import nvidia_smi_estimate
+from graphmem.types import MemoryReport, ModeReport
+
+__all__ = ["cuda_table", "cuda_json"]
+
+
+def cuda_table(report: MemoryReport, modes: list[ModeReport], head: list[str],
+               fmt: Callable[[int], str]) -> str | None:
+    """Allocated and reserved peaks, the nvidia-smi estimate, and how much of the GPU it uses."""
+    gpu = report.gpu
+    if gpu is None or not any(m.allocator for m in modes):
+        return None
+    stats = [m.allocator for m in modes]
+    smi = [nvidia_smi_estimate(s.reserved_peak_bytes, gpu) if s else 0 for s in stats]
+    rows = [["allocated peak (max_memory_allocated)"] + [fmt(s.allocated_peak_bytes) if s else "" for s in stats],
+            ["reserved peak (max_memory_reserved)"] + [fmt(s.reserved_peak_bytes) if s else "" for s in stats],
+            ["nvidia-smi estimate (+ CUDA context)"] + [fmt(n) for n in smi],
+            [f"share of {gpu.name} ({fmt(gpu.total_memory_bytes)})"]
+            + [f"{n / gpu.total_memory_bytes:.1%}" for n in smi],
+            ["left on the GPU"] + [fmt(gpu.total_memory_bytes - n) for n in smi],
+            ["attention kernels"] + [", ".join(f"{k} x{v}" for k, v in (m.sdpa_backends or {}).items()) or "-"
+                                     for m in modes]]
+    return ("CUDA caching allocator (bytes rounded to blocks; cached segments)\n"
+            + tabulate(rows, headers=head, tablefmt="simple"))
+
+
+def cuda_json(report: MemoryReport, m: ModeReport) -> dict[str, Any]:
+    """The CUDA keys of one mode's JSON object (empty for the CPU target)."""
+    if m.allocator is None or report.gpu is None:
+        return {}
+    smi = nvidia_smi_estimate(m.allocator.reserved_peak_bytes, report.gpu)
+    return {"allocated_peak_bytes": m.allocator.allocated_peak_bytes,
+            "reserved_peak_bytes": m.allocator.reserved_peak_bytes,
+            "nvidia_smi_estimate_bytes": smi,
+            "gpu_fraction_used": round(smi / report.gpu.total_memory_bytes, 6),
+            "sdpa_backends": dict(m.sdpa_backends or {})}
