@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
+    DATA_DEPENDENT_ERRORS,
     count_flops,
     StorageWeakRef,
     TorchDispatchMode,
@@ -33,6 +34,7 @@ from graphmem._torch_api import (
 from graphmem.errors import TraceError
 from graphmem.rules.registry import ArgMeta, RuleTable, scratch_bytes
 from graphmem.types import OpRecord, Phase, Role, StorageRecord
+from graphmem.values import Shadows
 
 __all__ = ["Recorder"]
 
@@ -106,6 +108,7 @@ class Recorder(TorchDispatchMode):
         self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.replica
         self._read_index = 0
         self._silent = False
+        self.shadows = Shadows()
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -210,15 +213,36 @@ class Recorder(TorchDispatchMode):
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Run the op on fake tensors.  A value the optimizer step reads comes from the real
-        one-element replica (graphmem.replica), in order, since fake tensors hold none."""
-        if func != _READ or self.phase != Phase.OPTIMIZER:
-            return func(*args, **kwargs)
+        one-element replica (graphmem.replica), in order; a value or value-dependent shape
+        the model reads comes from the assumed inputs' shadows (graphmem.values)."""
+        if func == _READ and self.phase == Phase.OPTIMIZER:
+            return self._replica_value()
+        try:
+            out = func(*args, **kwargs)
+        except DATA_DEPENDENT_ERRORS:
+            if not self.shadows.answerable(args, kwargs):
+                raise
+            return self._from_shadows(func, args, kwargs)
+        if self.phase in (Phase.FORWARD, Phase.LOSS):
+            self.shadows.propagate(func, args, kwargs, out)
+        return out
+
+    def _replica_value(self) -> Any:
         if self._read_index >= len(self.scalar_reads):
             raise TraceError("the optimizer step read more tensor values than its one-element "
                              "replica did; its control flow depends on parameter sizes")
-        value = self.scalar_reads[self._read_index]
         self._read_index += 1
-        return value
+        return self.scalar_reads[self._read_index - 1]
+
+    def _from_shadows(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """The real answer of a value read, or fake outputs with the real (value-dependent) shapes."""
+        real = self.shadows.run(func, args, kwargs)
+        if not isinstance(real, (torch.Tensor, tuple, list)):
+            return real
+        fake = tree_map(lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype)
+                        if isinstance(r, torch.Tensor) else r, real)
+        self.shadows.attach(args, kwargs, fake, real)
+        return fake
 
     def _scratch(self, func: Any, args: Any, kwargs: Any) -> int:
         rule = self._rules.scratch.get(func)

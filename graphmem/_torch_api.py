@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
     UnsupportedOperatorException,
+    unset_fake_temporarily,
 )
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -35,6 +36,7 @@ __all__ = [
     "quiet_fake_tensor_logs",
     "storage_key",
     "to_fake",
+    "unset_fake_temporarily",
 ]
 
 MIN_TORCH = (2, 4)

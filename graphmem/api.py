@@ -38,7 +38,8 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             policy: str = "observed", optimizer_kwargs: Mapping[str, Any] | None = None,
             optimizer_impl: str = "auto", amp: str | None = None,
             checkpoint: Sequence[str] = (), grad_accum: int = 1, gpu: str = "h100-80gb",
-            sdpa: str = "auto", alloc_conf: str | None = None) -> MemoryReport:
+            sdpa: str = "auto", alloc_conf: str | None = None,
+            assume: Mapping[str, str] | None = None) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
@@ -69,6 +70,8 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             ``efficient``, ``cudnn`` or ``math``.
         alloc_conf: CUDA target: a PYTORCH_CUDA_ALLOC_CONF string; None reads the
             environment variable.
+        assume: input name -> value (``ones``, ``zeros``, ``arange`` or an integer) used to
+            answer reads of input-derived values (``if mask.all()``); see graphmem.values.
 
     Returns:
         A MemoryReport; ``inference`` / ``train`` are None when not asked for.  Sizes in bytes.
@@ -94,7 +97,7 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
     def run(m: str, config: StepConfig) -> ModeReport:
         kernels = CudaKernels(cuda[0], sdpa) if cuda else None
         trace = trace_step(module, specs, mode=m, step=config, device=device, dtype=dtype, rules=table,
-                           cuda=kernels)
+                           cuda=kernels, assume=assume)
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
         if cuda is None or kernels is None:
             return report

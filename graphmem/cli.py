@@ -21,6 +21,7 @@ from graphmem.gpus import GPUS
 from graphmem.load import ModelSource, resolve_target
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_output_path, write_files
 from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
+from graphmem.values import parse_assumption
 from graphmem.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
 
 __all__ = ["main"]
@@ -88,6 +89,10 @@ def main() -> None:
 @click.option("--input", "-i", "inputs", type=InputSpecType(), multiple=True, required=True,
               help="Example input, repeatable: 32x1000, 8x512:int64, input_ids=2x128:int64. "
                    "Unnamed inputs are positional, named ones keyword arguments. Default dtype float32.")
+@click.option("--assume", "assumptions", multiple=True, metavar="NAME=VALUE",
+              help="Value of an integer input, used only where the model reads values "
+                   "(if mask.all(), nonzero): ones, zeros, arange or an integer. Defaults: *mask* "
+                   "inputs ones, position_ids arange, others zeros. Repeatable.")
 @click.option("--kwargs", "model_kwargs", type=JsonObjectType(), default=None,
               help="JSON object of keyword arguments for the model class or factory.")
 @click.option("--mode", type=click.Choice(ANALYSIS_MODES), default="both", show_default=True,
@@ -145,7 +150,8 @@ def main() -> None:
               help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ...],
-                    model_kwargs: dict[str, Any] | None, mode: str, optimizer: str,
+                    assumptions: tuple[str, ...], model_kwargs: dict[str, Any] | None, mode: str,
+                    optimizer: str,
                     optimizer_kwargs: dict[str, Any] | None, optimizer_impl: str, amp: str | None,
                     checkpoint_classes: str, grad_accum: int, loss: str,
                     dtype: str | None, device: str, gpu: str, sdpa: str, alloc_conf: str | None,
@@ -162,7 +168,8 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
                          dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs,
                          optimizer_kwargs=optimizer_kwargs, optimizer_impl=optimizer_impl, amp=amp,
                          checkpoint=[c.strip() for c in checkpoint_classes.split(",") if c.strip()],
-                         grad_accum=grad_accum, gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf)
+                         grad_accum=grad_accum, gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf,
+                         assume=dict(parse_assumption(a) for a in assumptions))
         text = RENDERERS[fmt](_named(report, name), units, depth=depth, top=top)
         write_files(_named(report, name), timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse,
                     depth=depth, units=units)

@@ -44,6 +44,7 @@ from graphmem.rules import RuleTable, rules_for
 from graphmem.spec import InputSpec
 from graphmem.step import AMP_DTYPES, StepConfig, compute_loss, find_logits, make_optimizer, make_targets
 from graphmem.types import Phase, Role, Trace
+from graphmem.values import default_assumption, describe
 
 __all__ = ["trace_step", "MODES"]
 
@@ -53,7 +54,8 @@ MODES = ("inference", "train")
 def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
                step: StepConfig | None = None, device: str = "cpu",
                dtype: torch.dtype | None = None,
-               rules: RuleTable | None = None, cuda: CudaKernels | None = None) -> Trace:
+               rules: RuleTable | None = None, cuda: CudaKernels | None = None,
+               assume: Mapping[str, str] | None = None) -> Trace:
     """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
@@ -66,6 +68,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         rules: per-op scratch rules for the target device.
         cuda: for the CUDA target, the kernel choices to apply; the fake tensors then report
             ``cpu`` (see graphmem.cuda for why) and ``device`` is ignored.
+        assume: input name -> assumed value (``ones``, ``zeros``, ``arange`` or an integer)
+            for answering value reads; see graphmem.values for the defaults.
 
     Returns:
         The Trace.
@@ -85,9 +89,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         for tensor, (name, role) in names.items():
             recorder.add_placeholder(tensor, name)
             recorder.mark(tensor, role, name, owner=name)
-        for i, t in enumerate([*args, *kwargs.values()]):
-            recorder.add_placeholder(t, f"input_{i}")
-            recorder.mark(t, Role.INPUT, f"input {i}")
+        _declare_inputs(recorder, inputs, args, kwargs, assume or {})
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             if mode == "train":
                 _read_optimizer_values(model, step, target, recorder)
@@ -97,9 +99,27 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 else:
                     _run_training(model, args, kwargs, recorder, step, target)
             recorder.poll()
+    notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
-                 optimizer=step.optimizer if mode == "train" else None,
-                 assumptions=tuple(recorder.assumptions))
+                 optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes))
+
+
+def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[Any],
+                    kwargs: dict[str, Any], assume: Mapping[str, str]) -> None:
+    """Placeholders, the input role, and the assumed values of integer inputs."""
+    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)}
+    if unknown:
+        raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
+                             f"inputs: {', '.join(s.name or f'input_{i}' for i, s in enumerate(specs))}")
+    positional = iter(args)
+    for i, spec in enumerate(specs):
+        name = spec.name or f"input_{i}"
+        tensor = kwargs[spec.name] if spec.name else next(positional)
+        recorder.add_placeholder(tensor, name)
+        recorder.mark(tensor, Role.INPUT, name)
+        kind = assume.get(name) or default_assumption(name, spec.dtype)
+        if kind:
+            recorder.shadows.assume(tensor, name, kind)
 
 
 def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,
@@ -110,8 +130,8 @@ def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.dev
     if recorder.scalar_reads:
         recorder.assumptions.append(
             f"optimizer step: the {len(recorder.scalar_reads)} values it reads with .item() (step "
-            "counts, ASGD's mu, GradScaler's found_inf, ...) come from a real run of the same "
-            "optimizer on one-element parameters with finite gradients")
+            "counts and the like) come from a real run of the same optimizer on one-element "
+            "parameters with finite gradients")
 
 
 def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],

@@ -1,0 +1,70 @@
+"""Models that read input-derived values: answered from the declared assumptions, and the
+prediction equals a real run whose inputs hold those values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import graphmem
+from graphmem.errors import TraceError, UserInputError
+from tests.oracles import OPTIMIZERS, measure_inference, measure_training
+
+
+class ReadsMask(nn.Module):
+    """Branches on a mask, takes a value-dependent shape from it and reads a count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        if not mask.all():  # padding: a real model would zero the padded positions
+            h = h * mask.unsqueeze(-1)
+        keep = mask[0].nonzero()[:, 0]  # positions to keep: value-dependent shape
+        scale = float(mask.sum().item())
+        return self.head(h[:, keep]) * scale
+
+
+class ReadsActivation(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if self.fc(x).sum() > 0 else x
+
+
+@pytest.mark.parametrize("kind, real", [("ones", torch.ones), ("zeros", torch.zeros)])
+def test_mask_reads_match_a_real_run_with_that_mask(kind: str, real: object) -> None:
+    ids = torch.randint(0, 100, (2, 8))
+    mask = real((2, 8), dtype=torch.int64)  # type: ignore[operator]
+    specs = ["2x8:int64", "2x8:int64"]
+    assume = {"input_1": kind}
+    inference = graphmem.analyze(ReadsMask, specs, mode="inference", assume=assume).inference
+    assert inference is not None
+    assert inference.peak_bytes == measure_inference(ReadsMask, [ids, mask]).peak_bytes
+    train = graphmem.analyze(ReadsMask, specs, mode="train", optimizer="adam", assume=assume).train
+    assert train is not None
+    assert train.peak_bytes == measure_training(ReadsMask, [ids, mask], OPTIMIZERS["adam"], "sum").peak_bytes
+    assert any("input_1 assumed" in note for note in train.assumptions)
+
+
+def test_named_mask_defaults_to_ones_and_is_reported() -> None:
+    report = graphmem.analyze(ReadsMask, ["ids=2x8:int64", "mask=2x8:int64"], mode="inference")
+    assert report.inference is not None
+    assert report.inference.assumptions == (
+        "input mask assumed all ones (no padding) by default, to answer a value the model reads",)
+
+
+def test_reads_of_activations_still_stop_with_a_clear_error() -> None:
+    with pytest.raises(TraceError, match="reads a tensor's value"):
+        graphmem.analyze(ReadsActivation, ["2x4"], mode="inference")
+
+
+def test_assume_must_name_an_input() -> None:
+    with pytest.raises(UserInputError, match="not an input"):
+        graphmem.analyze(ReadsMask, ["ids=2x8:int64", "mask=2x8:int64"], assume={"masks": "ones"})
