@@ -20,6 +20,7 @@ from graphmem.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda import SDPA_CHOICES, CudaKernels
 from graphmem.cuda_memory import model_cuda_allocator
 from graphmem.gpus import GPU, get_gpu
+from graphmem.presets import get_preset
 from graphmem.step import StepConfig, resolve_optimizer
 from graphmem.trace import trace_step
 from graphmem.types import MemoryReport, ModeReport
@@ -30,7 +31,7 @@ ANALYSIS_MODES = ("both", "train", "inference")
 DEVICES = ("cpu", "cuda")
 
 
-def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
+def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], *,
             mode: str = "both", optimizer: str = "adam", loss: str = "auto",
             device: str = "cpu", dtype: torch.dtype | None = None,
             kwargs: Mapping[str, Any] | None = None,
@@ -39,12 +40,14 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             optimizer_impl: str = "auto", amp: str | None = None,
             checkpoint: Sequence[str] = (), grad_accum: int = 1, gpu: str = "h100-80gb",
             sdpa: str = "auto", alloc_conf: str | None = None,
-            assume: Mapping[str, str] | None = None) -> MemoryReport:
+            assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
+            preset: str | None = None) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
         model: ``"pkg.module:Attr"`` / ``"file.py:Attr"``, an nn.Module class, a factory
-            returning an nn.Module, or an nn.Module instance (left untouched).
+            returning an nn.Module, or an nn.Module instance (left untouched); None with
+            ``preset``.
         inputs: example inputs as ``InputSpec`` or ``"[NAME=]DIMS[:DTYPE]"`` strings.
         mode: ``"both"``, ``"train"`` or ``"inference"``.
         optimizer: a name from ``graphmem.step.OPTIMIZER_CHOICES`` (every torch.optim
@@ -70,6 +73,11 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
             ``efficient``, ``cudnn`` or ``math``.
         alloc_conf: CUDA target: a PYTORCH_CUDA_ALLOC_CONF string; None reads the
             environment variable.
+        hf_config: for a transformers model class: config values (a config.json's
+            contents, see graphmem.load.load_hf_config); no download ever happens.
+        preset: a name from graphmem.presets.PRESETS: the transformers class and config
+            of a well-known model (``model`` may then be None); its published dtype is the
+            default ``dtype``.
         assume: input name -> value (``ones``, ``zeros``, ``arange`` or an integer) used to
             answer reads of input-derived values (``if mask.all()``); see graphmem.values.
 
@@ -89,8 +97,15 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
     cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
     if cuda is not None:
         step = replace(step, optimizer_impl=_cuda_default_impl(step))
+    if preset is not None:
+        chosen = get_preset(preset)
+        model = model or chosen.target
+        hf_config = {**chosen.config, **(hf_config or {})}
+        dtype = dtype or chosen.dtype
+    if model is None:
+        raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     source = resolve_target(model) if isinstance(model, str) else model
-    module = build_model(source, kwargs)
+    module = build_model(source, kwargs, hf_config)
     table = rules_for(device, rules)
     modeled = {str(op) for op in table.scratch}
 
@@ -108,7 +123,7 @@ def analyze(model: str | ModelSource, inputs: Sequence[InputSpec | str], *,
     inference = run("inference", step) if mode in ("inference", "both") else None
     train = run("train", step) if mode in ("train", "both") else None
     baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
-    name = model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
+    name = preset or (model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__))
     return MemoryReport(target=name, device=device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline,
                         gpu=cuda[0] if cuda else None)

@@ -18,7 +18,8 @@ from graphmem.api import ANALYSIS_MODES, DEVICES, analyze
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.cuda import SDPA_CHOICES
 from graphmem.gpus import GPUS
-from graphmem.load import ModelSource, resolve_target
+from graphmem.load import ModelSource, load_hf_config, resolve_target
+from graphmem.presets import PRESETS
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_output_path, write_files
 from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
 from graphmem.values import parse_assumption
@@ -85,7 +86,14 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("target", type=TargetType())
+@click.argument("target", type=TargetType(), required=False)
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="A well-known transformers model by its published config (no download); TARGET "
+                   "may then be omitted.")
+@click.option("--hf-config", type=click.Path(dir_okay=False), default=None,
+              help="A local config.json for a transformers model class TARGET (e.g. transformers:LlamaForCausalLM).")
+@click.option("--hf-config-kwargs", type=JsonObjectType(), default=None,
+              help="JSON object of config values for a transformers model class (override --hf-config).")
 @click.option("--input", "-i", "inputs", type=InputSpecType(), multiple=True, required=True,
               help="Example input, repeatable: 32x1000, 8x512:int64, input_ids=2x128:int64. "
                    "Unnamed inputs are positional, named ones keyword arguments. Default dtype float32.")
@@ -149,7 +157,8 @@ def main() -> None:
 @click.option("--collapse", type=click.Choice(COLLAPSE_CHOICES), default="auto", show_default=True,
               help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
-def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ...],
+def analyze_command(target: tuple[str, ModelSource] | None, preset: str | None, hf_config: str | None,
+                    hf_config_kwargs: dict[str, Any] | None, inputs: tuple[InputSpec, ...],
                     assumptions: tuple[str, ...], model_kwargs: dict[str, Any] | None, mode: str,
                     optimizer: str,
                     optimizer_kwargs: dict[str, Any] | None, optimizer_impl: str, amp: str | None,
@@ -162,9 +171,10 @@ def analyze_command(target: tuple[str, ModelSource], inputs: tuple[InputSpec, ..
 
     Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
     """
-    name, source = target
+    name, source = target or (preset or "", None)
     with _errors_to_exit_codes(debug):
-        report = analyze(source, inputs, mode=mode, optimizer=optimizer, loss=loss, device=device,
+        report = analyze(source, inputs, preset=preset, hf_config=load_hf_config(hf_config, hf_config_kwargs),
+                         mode=mode, optimizer=optimizer, loss=loss, device=device,
                          dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs,
                          optimizer_kwargs=optimizer_kwargs, optimizer_impl=optimizer_impl, amp=amp,
                          checkpoint=[c.strip() for c in checkpoint_classes.split(",") if c.strip()],

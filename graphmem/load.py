@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -21,7 +22,7 @@ from torch import nn
 
 from graphmem.errors import UserInputError
 
-__all__ = ["resolve_target", "build_model", "ModelSource"]
+__all__ = ["resolve_target", "build_model", "load_hf_config", "ModelSource"]
 
 # What a user may hand to graphmem: a module class, a factory returning a module, or a module.
 ModelSource = type[nn.Module] | Callable[..., nn.Module] | nn.Module
@@ -31,6 +32,10 @@ _TARGET_HINT = "expected TARGET as package.module:Attr or path/to/file.py:Attr"
 
 def _import_module(module_part: str) -> Any:
     """Import a dotted module name or a ``.py`` file path; the current directory is importable."""
+    if module_part.split(".")[0] == "transformers":
+        # never let transformers reach the network: configs come from local files only
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
         path = Path(module_part)
         if not path.is_file():
@@ -88,13 +93,16 @@ def _is_model_like(obj: Any) -> bool:
     return inspect.isfunction(obj) or inspect.ismethod(obj) or isinstance(obj, Callable)  # type: ignore[arg-type]
 
 
-def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
+                hf_config: Mapping[str, Any] | None = None) -> nn.Module:
     """Build the model under ``torch.device("meta")``.
 
     Args:
         source: an nn.Module subclass, a factory returning an nn.Module, or an nn.Module
             (used as it is; the trace swaps fake tensors in and never modifies it).
         kwargs: keyword arguments for the class or factory.
+        hf_config: for a Hugging Face transformers model class: the config values (a
+            config.json's contents); the model is built as ``cls(cls.config_class(**values))``.
 
     Returns:
         The model.  Built models hold meta tensors only.
@@ -109,6 +117,12 @@ def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None) ->
                                  "class or factory; drop --kwargs or point at the class")
         return source
     name = getattr(source, "__qualname__", repr(source))
+    if hf_config is not None:
+        config_class = getattr(source, "config_class", None)
+        if config_class is None:
+            raise UserInputError(f"--hf-config given, but {name} is not a transformers model class "
+                                 "(it has no config_class); drop --hf-config or point at one")
+        kwargs = {"config": config_class(**{**hf_config, **kwargs})}
     try:
         with torch.device("meta"):
             model = source(**kwargs)
@@ -119,3 +133,27 @@ def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None) ->
         raise UserInputError(f"{name}(...) returned a {type(model).__name__}, not an "
                              "nn.Module; point TARGET at a class or a factory of nn.Modules")
     return model
+
+
+def load_hf_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The values of a local config.json, updated by ``overrides`` (None when neither is given).
+
+    Raises:
+        UserInputError: the file is missing or not a JSON object.
+    """
+    if path is None and not overrides:
+        return None
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = json.load(handle)
+        except FileNotFoundError as exc:
+            raise UserInputError(f"--hf-config: no such file {path!r}; give a local config.json "
+                                 "(graphmem never downloads one)") from exc
+        except json.JSONDecodeError as exc:
+            raise UserInputError(f"--hf-config: {path!r} is not valid JSON: {exc}") from exc
+        if not isinstance(values, dict):
+            raise UserInputError(f"--hf-config: {path!r} holds no JSON object")
+    values.update(overrides or {})
+    return values

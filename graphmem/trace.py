@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -93,7 +94,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             if mode == "train":
                 _read_optimizer_values(model, step, target, recorder)
-            with fake_mode, recorder, cuda or contextlib.nullcontext():
+            with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries():
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder, step, target)
                 else:
@@ -120,6 +121,28 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
         kind = assume.get(name) or default_assumption(name, spec.dtype)
         if kind:
             recorder.shadows.assume(tensor, name, kind)
+
+
+@contextlib.contextmanager
+def _not_tracing_to_libraries() -> Iterator[None]:
+    """Let libraries take the path they take in a real run.
+
+    transformers treats a FakeTensor as "tracing" (utils/import_utils.py, is_tracing ->
+    is_fake_tensor) and then, for example, always materialises the 4-D attention mask that a
+    real run skips when the mask is all ones.  graphmem predicts the real run, so, while it
+    records, transformers is told its tensors are not fake; the value reads this unlocks are
+    answered from the declared input assumptions (graphmem.values).
+    """
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if utils is None or original is None:
+        yield
+        return
+    utils.is_fake_tensor = lambda x: False
+    try:
+        yield
+    finally:
+        utils.is_fake_tensor = original
 
 
 def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,

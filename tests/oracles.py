@@ -92,16 +92,18 @@ def _first_float(out: Any) -> torch.Tensor:
     return next(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
-def measure_inference(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor]) -> Measured:
+def measure_inference(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor],
+                      kw_inputs: dict[str, torch.Tensor] | None = None) -> Measured:
     torch.manual_seed(0)
     model = build()
     model.eval()
+    kw_inputs = kw_inputs or {}
     counter = LiveStorages()
-    for t in [*model.parameters(), *model.buffers(), *inputs]:
+    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values()]:
         counter.add(t)
     counter.phase = "forward"
     with counter, torch.no_grad():
-        out = model(*inputs)
+        out = model(*inputs, **kw_inputs)
     del out
     return Measured(counter.peak, dict(counter.phase_peaks))
 
@@ -109,7 +111,8 @@ def measure_inference(build: Callable[[], torch.nn.Module], inputs: list[torch.T
 def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor],
                      make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
                      loss: str, iterations: int = 2, amp: torch.dtype | None = None,
-                     grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = ()) -> Measured:
+                     grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = (),
+                     kw_inputs: dict[str, torch.Tensor] | None = None) -> Measured:
     """Run the documented training step for real; see the module docstring.
 
     amp: autocast dtype on CPU around forward and loss (float16 adds GradScaler("cpu")).
@@ -126,15 +129,16 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     # init_scale=1: no overflow, so every step runs (the steady state graphmem models)
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if amp == torch.float16 else None
+    kw_inputs = kw_inputs or {}
     counter = LiveStorages()
-    for t in [*model.parameters(), *model.buffers(), *inputs]:
+    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values()]:
         counter.add(t)
     targets: list[torch.Tensor] = []
 
     def micro_step() -> tuple[Any, torch.Tensor]:
         counter.phase = "forward"
         with torch.autocast("cpu", dtype=amp) if amp else contextlib.nullcontext():
-            out = model(*inputs)
+            out = model(*inputs, **kw_inputs)
             counter.phase = "loss"
             value = _loss(out, loss, targets)
         if grad_accum > 1:
@@ -169,7 +173,11 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
 
 
 def _loss(out: Any, loss: str, targets: list[torch.Tensor]) -> torch.Tensor:
-    logits = _first_float(out)
+    if loss == "auto" and isinstance(getattr(out, "loss", None), torch.Tensor):
+        return out.loss  # transformers style: the model computed it from labels
+    logits = _first_float(out.to_tuple() if hasattr(out, "to_tuple") else out)
+    if loss == "auto":
+        return logits.sum()
     if loss == "sum":
         return logits.sum()
     if loss == "mean":
