@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,8 @@ from graphmem.gpus import GPU, get_gpu
 from graphmem.presets import get_preset
 from graphmem.step import StepConfig, resolve_optimizer
 from graphmem.trace import trace_step
-from graphmem.types import MemoryReport, ModeReport
+from graphmem.generate import GenerateSpec, parse_generate
+from graphmem.types import GenerateReport, MemoryReport, ModeReport, Phase
 
 __all__ = ["analyze", "ANALYSIS_MODES", "DEVICES"]
 
@@ -41,7 +42,7 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
             checkpoint: Sequence[str] = (), grad_accum: int = 1, gpu: str = "h100-80gb",
             sdpa: str = "auto", alloc_conf: str | None = None,
             assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
-            preset: str | None = None) -> MemoryReport:
+            preset: str | None = None, generate: str | None = None, batch: int = 1) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
@@ -78,6 +79,10 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
         preset: a name from graphmem.presets.PRESETS: the transformers class and config
             of a well-known model (``model`` may then be None); its published dtype is the
             default ``dtype``.
+        generate: ``"P+N"``: instead of ``mode``, inference with a KV cache: the prefill of a
+            P-token prompt and the last of N decode steps (graphmem.generate); ``inputs`` may
+            then be empty.
+        batch: sequences generated at once, with ``generate``.
         assume: input name -> value (``ones``, ``zeros``, ``arange`` or an integer) used to
             answer reads of input-derived values (``if mask.all()``); see graphmem.values.
 
@@ -93,7 +98,7 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
     step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=tuple(checkpoint),
                       grad_accum=grad_accum)
-    specs = _validate(inputs, mode, device, policy, step)
+    specs = _validate(inputs, mode, device, policy, step, allow_empty=generate is not None)
     cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
     if cuda is not None:
         step = replace(step, optimizer_impl=_cuda_default_impl(step))
@@ -109,10 +114,10 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
     table = rules_for(device, rules)
     modeled = {str(op) for op in table.scratch}
 
-    def run(m: str, config: StepConfig) -> ModeReport:
+    def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
         kernels = CudaKernels(cuda[0], sdpa) if cuda else None
-        trace = trace_step(module, specs, mode=m, step=config, device=device, dtype=dtype, rules=table,
-                           cuda=kernels, assume=assume)
+        trace = trace_step(module, inputs or specs, mode=m, step=config, device=device, dtype=dtype,
+                           rules=table, cuda=kernels, assume=assume)
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
         if cuda is None or kernels is None:
             return report
@@ -120,11 +125,15 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
         return replace(report, allocator=model_cuda_allocator(report, *cuda),
                        sdpa_backends=dict(kernels.backends), assumptions=notes)
 
+    if generate is not None:
+        gen = parse_generate(generate, batch)
+        return MemoryReport(target=_name(model, preset), device=device, inputs=(f"generate {generate} x {batch}",),
+                            inference=None, train=None, gpu=cuda[0] if cuda else None,
+                            generate=_generation(gen, lambda m, s: run(m, step, s)))
     inference = run("inference", step) if mode in ("inference", "both") else None
     train = run("train", step) if mode in ("train", "both") else None
     baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
-    name = preset or (model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__))
-    return MemoryReport(target=name, device=device, inputs=tuple(str(s) for s in specs),
+    return MemoryReport(target=_name(model, preset), device=device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline,
                         gpu=cuda[0] if cuda else None)
 
@@ -132,6 +141,22 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
 _CUDA_AMP_NOTE = ("--amp with --device cuda: autocast follows the installed torch's CPU op lists; CUDA's "
                   "differ (softmax, layer_norm, sum, exp run in fp32 there), so low-precision "
                   "activations may be under- or over-counted")
+
+
+def _name(model: Any, preset: str | None) -> str:
+    return preset or (model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__))
+
+
+def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:
+    """Prefill of the prompt, then the last decode step with the cache of prompt + new - 1 tokens."""
+    ids = lambda n: InputSpec((gen.batch, n), torch.int64, "input_ids")  # noqa: E731
+    prefill = run("prefill", [ids(gen.prompt)])
+    decode = run("decode", [ids(gen.prompt + gen.new - 1), InputSpec((gen.batch, 1), torch.int64, "next_token")])
+    decode_steps = [i for i, op in enumerate(decode.trace.ops) if op.phase == Phase.DECODE]
+    return GenerateReport(prompt_tokens=gen.prompt, new_tokens=gen.new, batch=gen.batch,
+                          prefill_peak_bytes=prefill.peak_bytes,
+                          decode_peak_bytes=max(decode.timeline[i] for i in decode_steps),
+                          kv_cache_bytes=decode.trace.kv_cache_bytes, prefill=prefill, decode=decode)
 
 
 def _cuda_target(device: str, gpu: str, sdpa: str, alloc_conf: str | None
@@ -154,7 +179,7 @@ def _cuda_default_impl(step: StepConfig) -> str:
 
 
 def _validate(inputs: Sequence[InputSpec | str], mode: str, device: str, policy: str,
-              step: StepConfig) -> list[InputSpec]:
+              step: StepConfig, allow_empty: bool = False) -> list[InputSpec]:
     """Check every option before anything is imported or traced."""
     step.validate()
     for value, choices, what in ((mode, ANALYSIS_MODES, "mode"), (device, DEVICES, "device"),
@@ -164,6 +189,6 @@ def _validate(inputs: Sequence[InputSpec | str], mode: str, device: str, policy:
     if isinstance(inputs, (str, InputSpec)):
         inputs = [inputs]
     specs = [s if isinstance(s, InputSpec) else parse_input_spec(s) for s in inputs]
-    if not specs:
+    if not specs and not allow_empty:
         raise UserInputError("no input given; pass at least one --input such as 32x1000")
     return specs

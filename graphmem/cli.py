@@ -24,6 +24,16 @@ from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_out
 from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
 from graphmem.values import parse_assumption
 from graphmem.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
+import traceback
+from collections.abc import Callable
+from fractions import Fraction
+
+from graphmem.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
+from graphmem.gpus import get_gpu
+from graphmem.plan import make_plan
+from graphmem.preflight import PREFLIGHT_MODES, Job, check, search_largest, validate_inputs
+from graphmem.report.plan_table import PLAN_RENDERERS
+from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Context
 
 __all__ = ["main"]
 
@@ -90,11 +100,16 @@ def main() -> None:
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="A well-known transformers model by its published config (no download); TARGET "
                    "may then be omitted.")
+@click.option("--generate", default=None, metavar="PROMPT+NEW",
+              help="Inference with a KV cache instead of --mode: the prefill of PROMPT tokens and the "
+                   "last of NEW decode steps (causal LMs), e.g. 2048+512. --input is then optional.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --generate: sequences generated at once.")
 @click.option("--hf-config", type=click.Path(dir_okay=False), default=None,
               help="A local config.json for a transformers model class TARGET (e.g. transformers:LlamaForCausalLM).")
 @click.option("--hf-config-kwargs", type=JsonObjectType(), default=None,
               help="JSON object of config values for a transformers model class (override --hf-config).")
-@click.option("--input", "-i", "inputs", type=InputSpecType(), multiple=True, required=True,
+@click.option("--input", "-i", "inputs", type=InputSpecType(), multiple=True,
               help="Example input, repeatable: 32x1000, 8x512:int64, input_ids=2x128:int64. "
                    "Unnamed inputs are positional, named ones keyword arguments. Default dtype float32.")
 @click.option("--assume", "assumptions", multiple=True, metavar="NAME=VALUE",
@@ -157,7 +172,8 @@ def main() -> None:
 @click.option("--collapse", type=click.Choice(COLLAPSE_CHOICES), default="auto", show_default=True,
               help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
-def analyze_command(target: tuple[str, ModelSource] | None, preset: str | None, hf_config: str | None,
+def analyze_command(target: tuple[str, ModelSource] | None, preset: str | None, generate: str | None,
+                    batch: int, hf_config: str | None,
                     hf_config_kwargs: dict[str, Any] | None, inputs: tuple[InputSpec, ...],
                     assumptions: tuple[str, ...], model_kwargs: dict[str, Any] | None, mode: str,
                     optimizer: str,
@@ -174,6 +190,7 @@ def analyze_command(target: tuple[str, ModelSource] | None, preset: str | None, 
     name, source = target or (preset or "", None)
     with _errors_to_exit_codes(debug):
         report = analyze(source, inputs, preset=preset, hf_config=load_hf_config(hf_config, hf_config_kwargs),
+                         generate=generate, batch=batch,
                          mode=mode, optimizer=optimizer, loss=loss, device=device,
                          dtype=parse_dtype(dtype) if dtype else None, kwargs=model_kwargs,
                          optimizer_kwargs=optimizer_kwargs, optimizer_impl=optimizer_impl, amp=amp,
@@ -226,3 +243,200 @@ class _errors_to_exit_codes:
         click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
                    "(rerun with --debug for the traceback, and please report it)", err=True)
         sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-flight: check, max-batch / max-seq, plan (docs/preflight.md).  Exit codes: 0 fits,
+# 1 does not fit, 2 usage errors, 3 analysis failures (a bug too: 1 must only mean "does not fit").
+
+# the analyze command's options these commands share, by parameter name
+_SHARED_OPTIONS = ("model_kwargs", "assumptions", "optimizer", "optimizer_kwargs", "optimizer_impl", "amp",
+                   "checkpoint_classes", "grad_accum", "loss", "dtype", "sdpa", "alloc_conf", "units", "output",
+                   "debug")
+
+
+class SpecTextType(click.ParamType):
+    """``[NAME=]DIMS[:DTYPE]`` where one dimension may be a capital letter (``Bx1000``) -> the text."""
+
+    name = "[NAME=]DIMS[:DTYPE]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        try:
+            validate_inputs([value], symbolic=None)
+        except UserInputError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value)
+
+
+class BudgetType(click.ParamType):
+    """``80GiB``, ``80GB``, ``512MiB``, ``123456B``, or ``0.9`` / ``90%`` of --gpu -> BudgetAmount."""
+
+    name = "BYTES|FRACTION"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> BudgetAmount:
+        try:
+            return value if isinstance(value, BudgetAmount) else parse_budget(value)
+        except UserInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class MarginType(click.ParamType):
+    """``5%`` or ``0.05`` -> Fraction."""
+
+    name = "PERCENT"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Fraction:
+        try:
+            return value if isinstance(value, Fraction) else parse_margin(value)
+        except UserInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _preflight_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add --input, --budget, --gpu, --margin, --device, --mode, --format and the analyze
+    command's step options (the same click Option objects) to a pre-flight command."""
+    shared = {p.name: p for p in analyze_command.params}
+    own = [
+        click.Option(["--input", "-i", "inputs"], type=SpecTextType(), multiple=True, required=True,
+                     help="Example input, repeatable (as for analyze); max-batch / max-seq: one dimension is "
+                          "a capital letter to search, e.g. Bx1000 or 1xSx64."),
+        click.Option(["--budget"], type=BudgetType(), default=None,
+                     help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90%% of --gpu. "
+                          "Default: all of --gpu's memory."),
+        click.Option(["--gpu"], default=None, metavar="NAME",
+                     help=f"Target this GPU ({', '.join(GPUS)}): implies --device cuda and, without --budget, "
+                          "its memory is the budget."),
+        click.Option(["--margin"], type=MarginType(), default="0%", show_default=True,
+                     help="Keep this share free: fits when peak x (1 + margin) <= budget."),
+        click.Option(["--device"], type=click.Choice(DEVICES), default=None,
+                     help="Target device (default: cuda with --gpu, else cpu). cuda compares the allocated peak."),
+        click.Option(["--mode"], type=click.Choice(PREFLIGHT_MODES), default="train", show_default=True,
+                     help="Check the training step or inference."),
+        click.Option(["--format", "fmt"], type=click.Choice(["table", "json"]), default="table",
+                     show_default=True, help="Output format."),
+    ]
+    params = [*own, *(shared[name] for name in _SHARED_OPTIONS)]
+    command.__click_params__ = [*getattr(command, "__click_params__", []), *reversed(params)]  # type: ignore[attr-defined]
+    return command
+
+
+def _preflight_job(target: tuple[str, ModelSource], inputs: tuple[str, ...], mode: str, device: str | None,
+                   gpu: str | None, options: dict[str, Any]) -> tuple[Job, Context]:
+    """The Job to analyse and the header's context, from the command's options."""
+    name, source = target
+    device = device or ("cuda" if gpu else "cpu")
+    dtype = options["dtype"]
+    analyze_options = dict(
+        kwargs=options["model_kwargs"], optimizer=options["optimizer"], optimizer_kwargs=options["optimizer_kwargs"],
+        optimizer_impl=options["optimizer_impl"], amp=options["amp"], grad_accum=options["grad_accum"],
+        checkpoint=[c.strip() for c in options["checkpoint_classes"].split(",") if c.strip()],
+        loss=options["loss"], dtype=parse_dtype(dtype) if dtype else None, device=device, sdpa=options["sdpa"],
+        alloc_conf=options["alloc_conf"], assume=dict(parse_assumption(a) for a in options["assumptions"]),
+        **({"gpu": gpu} if gpu else {}))
+    context = Context(target=name, inputs=inputs, device=device, mode=mode, gpu=get_gpu(gpu).name if gpu else None)
+    return Job(model=source, inputs=inputs, mode=mode, options=analyze_options), context
+
+
+def _write(text: str, output: str | None) -> None:
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        click.echo(text, nl=False)
+
+
+class _preflight_errors:
+    """As _errors_to_exit_codes, but a bug exits 3 (exit 1 means "does not fit"); --debug
+    prints the traceback and keeps the exit code."""
+
+    def __init__(self, debug: bool) -> None:
+        self.debug = debug
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, (click.ClickException, click.exceptions.Exit, KeyboardInterrupt,
+                                           SystemExit)):
+            return False
+        if self.debug:
+            traceback.print_exception(exc)
+        if isinstance(exc, GraphmemError):
+            error = click.ClickException(str(exc))
+            error.exit_code = exc.exit_code
+            raise error from None
+        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
+                   "(rerun with --debug for the traceback, and please report it)", err=True)
+        sys.exit(3)
+
+
+@main.command("check")
+@click.argument("target", type=TargetType())
+@_preflight_options
+def check_command(target: tuple[str, ModelSource], inputs: tuple[str, ...], budget: BudgetAmount | None,
+                  gpu: str | None, margin: Fraction, device: str | None, mode: str, fmt: str, units: str,
+                  output: str | None, debug: bool, **options: Any) -> None:
+    """Will TARGET fit the budget?  Exit 0: the predicted peak (allocated on cuda) with --margin
+    fits; 1: it does not; 2: usage error; 3: the analysis failed.
+
+    Example: graphmem check examples/mlp.py:MLP --input 32x1000 --budget 16MiB --margin 5%
+    """
+    with _preflight_errors(debug):
+        job, context = _preflight_job(target, inputs, mode, device, gpu, options)
+        limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin)
+        result = check(job, limit)
+        text = CHECK_RENDERERS[fmt](result, context, units)
+    _write(text, output)
+    click.get_current_context().exit(0 if result.fits else 1)
+
+
+@main.command("max-batch")
+@click.argument("target", type=TargetType())
+@_preflight_options
+def max_batch_command(target: tuple[str, ModelSource], inputs: tuple[str, ...], budget: BudgetAmount | None,
+                      gpu: str | None, margin: Fraction, device: str | None, mode: str, fmt: str, units: str,
+                      output: str | None, debug: bool, **options: Any) -> None:
+    """The largest batch (max-batch) or sequence length (max-seq) that fits: the dimension written
+    as a capital letter in --input (Bx1000, 1xSx64).  N fits and N+1 does not, both analysed.
+    Exit 0 when some value fits, 1 when even 1 does not.
+
+    Example: graphmem max-batch examples/mlp.py:MLP --input Bx1000 --budget 64MiB
+    """
+    key = "max_seq" if click.get_current_context().info_name == "max-seq" else "max_batch"
+    with _preflight_errors(debug):
+        job, context = _preflight_job(target, inputs, mode, device, gpu, options)
+        limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin)
+        result = search_largest(job, limit)
+        text = SEARCH_RENDERERS[fmt](result, context, units, key=key)
+    _write(text, output)
+    click.get_current_context().exit(0 if result.max_value else 1)
+
+
+main.add_command(max_batch_command, name="max-seq")
+
+
+@main.command("plan")
+@click.argument("target", type=TargetType())
+@_preflight_options
+@click.option("--world-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs the ZeRO / FSDP rows shard over (formula rows).")
+@click.option("--prune-amount", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
+              show_default=True, help="Share of each Linear/Conv weight the pruning rows remove.")
+@click.option("--group-size", type=click.IntRange(min=1), default=128, show_default=True,
+              help="int4 quantization group size (formula rows).")
+def plan_command(target: tuple[str, ModelSource], inputs: tuple[str, ...], budget: BudgetAmount | None,
+                 gpu: str | None, margin: Fraction, device: str | None, mode: str, fmt: str, units: str,
+                 output: str | None, debug: bool, world_size: int, prune_amount: float, group_size: int,
+                 **options: Any) -> None:
+    """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
+    accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
+    predicted peak, saving and extra compute; and why training takes N times inference.
+
+    Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
+    """
+    with _preflight_errors(debug):
+        job, context = _preflight_job(target, inputs, mode, device, gpu, options)
+        limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin)
+        plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size)
+        text = PLAN_RENDERERS[fmt](plan, context, units)
+    _write(text, output)

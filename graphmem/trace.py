@@ -36,8 +36,10 @@ from graphmem._torch_api import (
     UnsupportedOperatorException,
     new_fake_mode,
     quiet_fake_tensor_logs,
+    storage_key,
     to_fake,
 )
+from graphmem import generate as generation
 from graphmem.cuda import CudaKernels
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.replica import optimizer_scalar_reads
@@ -49,7 +51,8 @@ from graphmem.values import default_assumption, describe
 
 __all__ = ["trace_step", "MODES"]
 
-MODES = ("inference", "train")
+MODES = ("inference", "train", "prefill", "decode")
+GENERATION_MODES = ("prefill", "decode")
 
 
 def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
@@ -91,18 +94,45 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             recorder.add_placeholder(tensor, name)
             recorder.mark(tensor, role, name, owner=name)
         _declare_inputs(recorder, inputs, args, kwargs, assume or {})
+        kv_bytes = 0
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             if mode == "train":
                 _read_optimizer_values(model, step, target, recorder)
             with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries():
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder, step, target)
-                else:
+                elif mode == "train":
                     _run_training(model, args, kwargs, recorder, step, target)
+                else:
+                    kv_bytes = _run_generation(model, kwargs, recorder, step, target, mode)
             recorder.poll()
     notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
-                 optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes))
+                 optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes),
+                 kv_cache_bytes=kv_bytes)
+
+
+def _run_generation(model: nn.Module, kwargs: dict[str, Any], recorder: Recorder, step: StepConfig,
+                    device: torch.device, mode: str) -> int:
+    """``prefill``: the prompt's forward; ``decode``: fill the cache, then one decode step.
+    Returns the bytes of the KV cache at the end (its storages, each counted once)."""
+    model.eval()
+    recorder.phase = Phase.PREFILL
+    with torch.no_grad(), _autocast(step, device):
+        if mode == "prefill":
+            cache = generation.prefill(model, kwargs["input_ids"])
+        else:
+            def start_decode() -> None:
+                recorder.phase = Phase.DECODE
+            cache = generation.decode_with_full_cache(model, kwargs["input_ids"], kwargs["next_token"],
+                                                      start_decode)
+    storages = {}
+    for tensor in generation.cache_tensors(cache):
+        recorder.mark(tensor, Role.OUTPUT, "kv cache")
+        key, _, nbytes = storage_key(tensor)
+        storages[key] = nbytes
+    recorder.poll()  # the cache is still referenced here: it stays live to the end
+    return sum(storages.values())
 
 
 def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[Any],

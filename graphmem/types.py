@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from graphmem.gpus import GPU
 
 __all__ = ["Phase", "Role", "Category", "OpRecord", "StorageRecord", "Trace", "Lifetime", "MemoryEvent",
-           "PeakInfo", "PhasePeak", "ModeReport", "MemoryReport"]
+           "PeakInfo", "PhasePeak", "ModeReport", "GenerateReport", "MemoryReport"]
 
 
 @unique
@@ -29,6 +29,8 @@ class Phase(StrEnum):
     LOSS = "loss"
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
+    PREFILL = "prefill"  # generation: the prompt's forward (and filling the cache)
+    DECODE = "decode"  # generation: one token's forward with the cache
 
 
 @unique
@@ -103,6 +105,7 @@ class Trace:
     storages: tuple[StorageRecord, ...]
     optimizer: str | None
     assumptions: tuple[str, ...] = ()
+    kv_cache_bytes: int = 0  # generation: the KV cache at the end
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,20 @@ class ModeReport:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerateReport:
+    """Inference with a KV cache: the prefill's peak and the last decode step's peak."""
+
+    prompt_tokens: int
+    new_tokens: int
+    batch: int
+    prefill_peak_bytes: int
+    decode_peak_bytes: int
+    kv_cache_bytes: int  # after the last step: prompt + new tokens
+    prefill: ModeReport
+    decode: ModeReport  # its trace also holds the forward that fills the cache
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryReport:
     """What ``graphmem.analyze`` returns."""
 
@@ -191,6 +208,7 @@ class MemoryReport:
     train: ModeReport | None
     train_without_checkpoint: ModeReport | None = None  # the --checkpoint what-if's baseline
     gpu: GPU | None = None  # CUDA target: the GPU preset
+    generate: GenerateReport | None = None  # --generate: inference with a KV cache
 
     @property
     def ratio(self) -> float | None:

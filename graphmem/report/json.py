@@ -10,6 +10,7 @@ from typing import Any
 
 from graphmem.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.report.cuda_section import cuda_json
+from graphmem.report.generate_section import generate_json
 from graphmem.report.modules import module_rows, top_tensors
 from graphmem.types import MemoryReport, ModeReport
 
@@ -65,6 +66,8 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> di
         if key in data:
             data[key].update(where_memory_goes(getattr(report, key), depth, top))
             data[key].update(cuda_json(report, getattr(report, key)))
+    if report.generate is not None:
+        data["generate"] = generate_json(report, report.generate)
     if report.gpu is not None:
         data["gpu"] = {"name": report.gpu.name, "total_memory_bytes": report.gpu.total_memory_bytes,
                        "compute_capability": list(report.gpu.compute_capability)}

@@ -29,8 +29,9 @@ class PhaseSpan:
 
 
 def drawn_mode(report: MemoryReport) -> ModeReport:
-    """The mode the pictures and per-module tables show: training when analysed, else inference."""
-    mode = report.train if report.train is not None else report.inference
+    """The mode the pictures and per-module tables show: training when analysed, else
+    inference, else (--generate) the decode trace, which fills the cache and decodes a token."""
+    mode = report.train or report.inference or (report.generate.decode if report.generate else None)
     if mode is None:
         raise AssertionError("drawn_mode: the report holds neither a train nor an inference mode")
     return mode

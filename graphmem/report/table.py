@@ -8,6 +8,7 @@ from tabulate import tabulate
 
 from graphmem.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.report.cuda_section import cuda_table
+from graphmem.report.generate_section import generate_table
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.units import format_bytes
 from graphmem.types import Category, MemoryReport, ModeReport, Phase
@@ -26,8 +27,10 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     """Summary, breakdown at each peak, per-phase peaks, where each peak happens, and where the
     memory goes: a sparkline, a per-module table ``depth`` levels deep, the ``top`` largest
     storages at the peak (of the training mode when analysed, else inference)."""
-    modes = [m for m in (report.inference, report.train) if m is not None]
     fmt = lambda n: format_bytes(n, units)  # noqa: E731
+    if report.generate is not None:
+        return generate_table(report, report.generate, fmt)
+    modes = [m for m in (report.inference, report.train) if m is not None]
     root = report.target.rpartition(":")[2] or report.target
     head = [""] + [_title(m) for m in modes]
     parts = [f"graphmem: {report.target}  inputs: {', '.join(report.inputs)}  device: {report.device}"]
