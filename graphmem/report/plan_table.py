@@ -1,0 +1,81 @@
+"""Stage 4 for ``graphmem plan``: the what-if table and the explanation, as text or JSON.
+``PLAN_RENDERERS`` maps each ``--format`` name to its function."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from graphmem.report.preflight_text import Context
+from graphmem.report.units import format_bytes
+
+if TYPE_CHECKING:
+    from graphmem.plan import Plan
+    from graphmem.plan_rows import PlanRow
+
+__all__ = ["PLAN_RENDERERS", "plan_to_dict", "render_plan_json", "render_plan_table"]
+
+
+def _extra(row: PlanRow) -> str:
+    if row.extra_compute is None:
+        return "?"
+    return "0" if abs(row.extra_compute) < 5e-4 else f"{row.extra_compute:+.1%}"
+
+
+def _row_to_dict(row: PlanRow) -> dict[str, Any]:
+    return {"name": row.name, "changes": dict(row.changes), "peak_bytes": row.peak_bytes,
+            "saving_bytes": row.saving_bytes, "extra_compute": row.extra_compute, "fits": row.fits,
+            "source": row.source, "effort": row.effort, "note": row.note}
+
+
+def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
+    """The JSON object of ``graphmem plan`` (bytes; ``rows`` ranked, best first)."""
+    return {"target": context.target, "inputs": list(plan.inputs), "device": plan.device, "gpu": context.gpu,
+            "mode": plan.mode, "budget_bytes": plan.budget.total_bytes, "budget": plan.budget.source,
+            "margin": float(plan.budget.margin), "cap_bytes": plan.budget.cap_bytes,
+            "baseline": _row_to_dict(plan.baseline), "rows": [_row_to_dict(r) for r in plan.rows],
+            "train_peak_bytes": plan.train_peak_bytes, "inference_peak_bytes": plan.inference_peak_bytes,
+            "bytes_per_sample": plan.bytes_per_sample, "explanation": plan.explanation,
+            "skipped": list(plan.skipped)}
+
+
+def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
+    """Header, the ranked what-if table, footnotes, skipped remedies, the explanation."""
+    fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
+    head = (f"graphmem plan: {context.target}  inputs: {', '.join(plan.inputs)}  {plan.mode} on {plan.device}"
+            + (f" ({context.gpu})" if context.gpu else "")
+            + f"\nbudget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
+              f"{float(plan.budget.margin):.0%}: peaks up to {fmt(plan.budget.cap_bytes)} fit\n"
+            + f"as given: {fmt(plan.baseline.peak_bytes)}, "
+            + ("fits" if plan.baseline.fits else f"does not fit (short by "
+               f"{fmt(plan.budget.required_bytes(plan.baseline.peak_bytes) - plan.budget.total_bytes)})"))
+    rows: list[list[Any]] = []
+    notes: list[str] = []
+    for i, row in enumerate(plan.rows, 1):
+        mark = f" [{len(notes) + 1}]" if row.note else ""
+        if row.note:
+            notes.append(f"[{len(notes) + 1}] {row.note}")
+        rows.append([i, row.name + mark, fmt(row.peak_bytes), fmt(row.saving_bytes), _extra(row),
+                     "yes" if row.fits else "no", row.source])
+    table = tabulate(rows, tablefmt="simple",
+                     headers=["#", "what to change", "peak", "saving", "extra compute", "fits", "source"])
+    parts = [head, table, "\n".join(notes)]
+    parts.append("Ranked: rows that fit first, then by extra compute per sample, then by effort (a setting < "
+                 "changing the weights < more hardware). formula: computed from this analysis's bytes, "
+                 "not executed (docs/preflight.md).")
+    if plan.skipped:
+        parts.append("Not analysed:\n" + "\n".join(f"- {s}" for s in plan.skipped))
+    if plan.explanation:
+        parts.append("Why\n" + textwrap.fill(plan.explanation, width=100))
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def render_plan_json(plan: Plan, context: Context, units: str = "auto") -> str:
+    return json.dumps(plan_to_dict(plan, context), indent=2) + "\n"
+
+
+PLAN_RENDERERS: dict[str, Callable[..., str]] = {"table": render_plan_table, "json": render_plan_json}

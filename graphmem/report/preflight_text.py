@@ -1,0 +1,131 @@
+"""Stage 4 for the pre-flight commands: ``check`` and ``max-batch`` / ``max-seq`` answers as
+text or JSON.  ``CHECK_RENDERERS`` and ``SEARCH_RENDERERS`` map each ``--format`` name to
+its function.  JSON sizes are bytes; text sizes follow ``--units``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from graphmem.report.units import format_bytes
+
+if TYPE_CHECKING:
+    from graphmem.budget import Budget
+    from graphmem.preflight import CheckResult, SearchResult
+
+__all__ = [
+    "CHECK_RENDERERS",
+    "SEARCH_RENDERERS",
+    "Context",
+    "check_to_dict",
+    "render_check_table",
+    "render_search_table",
+    "search_to_dict",
+]
+
+_METRIC_WORDS = {"peak_bytes": "tensor bytes at the peak",
+                 "allocated_peak_bytes": "allocated peak (torch.cuda.max_memory_allocated)"}
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the command analysed, for the header: TARGET as typed, inputs, device, mode."""
+
+    target: str
+    inputs: tuple[str, ...]
+    device: str
+    mode: str
+    gpu: str | None = None
+
+
+def _budget_dict(budget: Budget) -> dict[str, Any]:
+    return {"budget_bytes": budget.total_bytes, "budget": budget.source, "margin": float(budget.margin),
+            "cap_bytes": budget.cap_bytes}
+
+
+def _header(command: str, context: Context) -> str:
+    gpu = f" ({context.gpu})" if context.gpu else ""
+    return (f"graphmem {command}: {context.target}  inputs: {', '.join(context.inputs)}  "
+            f"{context.mode} on {context.device}{gpu}")
+
+
+def check_to_dict(result: CheckResult, context: Context) -> dict[str, Any]:
+    """The JSON object of ``graphmem check`` (bytes)."""
+    return {"target": context.target, "inputs": list(context.inputs), "device": context.device,
+            "gpu": context.gpu, "mode": context.mode, "fits": result.fits, "metric": result.metric,
+            "peak_bytes": result.peak_bytes, "required_bytes": result.required_bytes,
+            **_budget_dict(result.budget), "headroom_bytes": max(result.headroom_bytes, 0),
+            "shortfall_bytes": max(-result.headroom_bytes, 0),
+            "reserved_peak_bytes": result.reserved_peak_bytes}
+
+
+def render_check_table(result: CheckResult, context: Context, units: str = "auto") -> str:
+    """The verdict, the peak, the peak with its margin and the budget; headroom or shortfall."""
+    fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
+    rows = [["predicted peak", fmt(result.peak_bytes), _METRIC_WORDS[result.metric]],
+            [f"with {float(result.budget.margin):.0%} margin", fmt(result.required_bytes), ""],
+            ["budget", fmt(result.budget.total_bytes), result.budget.source]]
+    if result.reserved_peak_bytes is not None:
+        rows.append(["reserved peak", fmt(result.reserved_peak_bytes),
+                     "torch.cuda.max_memory_reserved (nvidia-smi adds the CUDA context)"])
+    share = abs(result.headroom_bytes) / result.budget.total_bytes
+    verdict = (f"FITS: {fmt(result.headroom_bytes)} headroom ({share:.1%} of the budget)" if result.fits else
+               f"DOES NOT FIT: short by {fmt(-result.headroom_bytes)} ({share:.1%} of the budget); "
+               "graphmem plan lists what to change")
+    return "\n\n".join([_header("check", context), tabulate(rows, tablefmt="plain"), verdict]) + "\n"
+
+
+def render_check_json(result: CheckResult, context: Context, units: str = "auto") -> str:
+    return json.dumps(check_to_dict(result, context), indent=2) + "\n"
+
+
+def _unit_word(key: str) -> str:
+    return "token" if key == "max_seq" else "sample"
+
+
+def search_to_dict(result: SearchResult, context: Context, key: str = "max_batch") -> dict[str, Any]:
+    """The JSON object of ``graphmem max-batch`` (key ``max_batch``) or ``max-seq`` (``max_seq``)."""
+    return {key: result.max_value, "peak_bytes_at_max": result.peak_bytes_at_max,
+            "peak_bytes_at_next": result.peak_bytes_at_next,
+            f"bytes_per_{_unit_word(key)}": result.bytes_per_unit, "fixed_bytes": result.fixed_bytes,
+            "affine": result.affine, "symbol": result.symbol, "target": context.target,
+            "inputs": list(context.inputs), "device": context.device, "gpu": context.gpu,
+            "mode": context.mode,
+            **_budget_dict(result.budget), "analyses": len(result.evaluated),
+            "evaluated": [{"value": v, "peak_bytes": b} for v, b in result.evaluated]}
+
+
+def render_search_table(result: SearchResult, context: Context, units: str = "auto",
+                        key: str = "max_batch") -> str:
+    """The answer, the peaks at it and one past it, the fitted line and every analysis."""
+    fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
+    s, n = result.symbol, result.max_value
+    at_max = fmt(result.peak_bytes_at_max) if result.peak_bytes_at_max is not None else "-"
+    rows = [[f"{s} = {n}", at_max, "fits" if n else "(nothing fits)"],
+            [f"{s} = {n + 1}", fmt(result.peak_bytes_at_next), "does not fit"],
+            ["budget", fmt(result.budget.total_bytes),
+             (f"{result.budget.source}; margin {float(result.budget.margin):.0%}, so peaks up to "
+              f"{fmt(result.budget.cap_bytes)} fit")]]
+    if result.bytes_per_unit is not None and result.fixed_bytes is not None:
+        shape = "affine" if result.affine else "not affine: the search bracketed it"
+        rows.append([f"bytes per {_unit_word(key)}", fmt(result.bytes_per_unit),
+                     f"fitted near the answer, + {fmt(result.fixed_bytes)} fixed ({shape})"])
+    done = ", ".join(f"{v}" for v, _ in result.evaluated)
+    command = key.replace("_", "-")
+    answer = f"{command}: {n}" if n else f"{command}: 0 (even {s} = 1 does not fit)"
+    return "\n\n".join([_header(command, context), answer, tabulate(rows, tablefmt="plain"),
+                        f"{len(result.evaluated)} analyses, at {s} = {done}"]) + "\n"
+
+
+def render_search_json(result: SearchResult, context: Context, units: str = "auto",
+                       key: str = "max_batch") -> str:
+    return json.dumps(search_to_dict(result, context, key), indent=2) + "\n"
+
+
+CHECK_RENDERERS: dict[str, Callable[..., str]] = {"table": render_check_table, "json": render_check_json}
+SEARCH_RENDERERS: dict[str, Callable[..., str]] = {"table": render_search_table, "json": render_search_json}
