@@ -30,6 +30,7 @@ __all__ = [
     "TorchDispatchMode",
     "UnsupportedOperatorException",
     "autograd_sequence_nr",
+    "backward_keeping_modes",
     "count_flops",
     "current_autograd_node",
     "new_fake_mode",
@@ -104,3 +105,18 @@ def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
         return int(formula(*args, **kwargs, out_val=out))
     except Exception:  # a formula that does not accept this overload's arguments
         return 0
+
+
+def backward_keeping_modes(loss: torch.Tensor) -> None:
+    """``loss.backward()``, without passing through ``__torch_function__``.
+
+    ``Tensor.backward`` is itself a torch function: an active TorchFunctionMode (graphmem's
+    CUDA kernel choices) would be popped while it runs, and checkpoint's recompute inside
+    backward would then run without it.  This is what torch.autograd.backward does
+    (torch/autograd/__init__.py), minus the torch-function hop.
+    """
+    from torch.autograd import _make_grads
+    from torch.autograd.graph import _engine_run_backward
+
+    grads = _make_grads((loss,), (None,), is_grads_batched=False)
+    _engine_run_backward((loss,), grads, False, False, (), allow_unreachable=True, accumulate_grad=True)

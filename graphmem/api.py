@@ -121,9 +121,8 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
         if cuda is None or kernels is None:
             return report
-        notes = report.assumptions + ((_CUDA_AMP_NOTE,) if config.amp else ())
         return replace(report, allocator=model_cuda_allocator(report, *cuda),
-                       sdpa_backends=dict(kernels.backends), assumptions=notes)
+                       sdpa_backends=dict(kernels.backends))
 
     if generate is not None:
         gen = parse_generate(generate, batch)
@@ -136,11 +135,6 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
     return MemoryReport(target=_name(model, preset), device=device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline,
                         gpu=cuda[0] if cuda else None)
-
-
-_CUDA_AMP_NOTE = ("--amp with --device cuda: autocast follows the installed torch's CPU op lists; CUDA's "
-                  "differ (softmax, layer_norm, sum, exp run in fp32 there), so low-precision "
-                  "activations may be under- or over-counted")
 
 
 def _name(model: Any, preset: str | None) -> str:

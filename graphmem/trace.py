@@ -19,6 +19,7 @@ The training step, per iteration (locals are released when it returns)::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from graphmem._recorder import Recorder
 from graphmem._torch_api import (
+    backward_keeping_modes,
     DATA_DEPENDENT_ERRORS,
     FakeTensorMode,
     UnsupportedOperatorException,
@@ -40,6 +42,7 @@ from graphmem._torch_api import (
     to_fake,
 )
 from graphmem import generate as generation
+from graphmem.autocast_cuda import cuda_autocast, cuda_autocast_lists
 from graphmem.cuda import CudaKernels
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.replica import optimizer_scalar_reads
@@ -98,7 +101,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             if mode == "train":
                 _read_optimizer_values(model, step, target, recorder)
-            with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries():
+            with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
+                    _cuda_autocast_rules(cuda is not None, step):
                 if mode == "inference":
                     _run_inference(model, args, kwargs, recorder, step, target)
                 elif mode == "train":
@@ -249,7 +253,7 @@ def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
                          "trainable parameters on its output path? try --loss or --mode inference")
     _mark_output(recorder, (out, loss))
     recorder.phase = Phase.BACKWARD
-    (loop.scaler.scale(loss) if loop.scaler else loss).backward()
+    backward_keeping_modes(loop.scaler.scale(loss) if loop.scaler else loss)
     for name, p in loop.params.items():
         if p.grad is not None:
             recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
@@ -257,10 +261,32 @@ def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
 
 
 def _autocast(step: StepConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """torch.autocast for ``--amp`` on the (fake) device, or nothing."""
+    """torch.autocast for ``--amp`` on the (fake) device, or nothing.  The CUDA target records
+    on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.autocast_cuda)."""
     if step.amp is None:
         return contextlib.nullcontext()
+    if _CUDA_AUTOCAST.get():
+        return cuda_autocast(AMP_DTYPES[step.amp])
     return torch.autocast(device.type, dtype=AMP_DTYPES[step.amp])
+
+
+# True while a CUDA-target trace runs: autocast then follows CUDA's lists.
+_CUDA_AUTOCAST: contextvars.ContextVar[bool] = contextvars.ContextVar("graphmem_cuda_autocast", default=False)
+
+
+@contextlib.contextmanager
+def _cuda_autocast_rules(active: bool, step: StepConfig) -> Iterator[None]:
+    """For the CUDA target with --amp: CUDA's autocast lists for the whole step (checkpoint's
+    recompute in backward re-enters autocast on its own, and must get CUDA's lists too)."""
+    if not active or step.amp is None:
+        yield
+        return
+    token = _CUDA_AUTOCAST.set(True)
+    try:
+        with cuda_autocast_lists():
+            yield
+    finally:
+        _CUDA_AUTOCAST.reset(token)
 
 
 def _optimizer_step(loop: _Loop) -> None:
