@@ -301,7 +301,7 @@ def _preflight_options(command: Callable[..., None]) -> Callable[..., None]:
                      help="Example input, repeatable (as for analyze); max-batch / max-seq: one dimension is "
                           "a capital letter to search, e.g. Bx1000 or 1xSx64."),
         click.Option(["--budget"], type=BudgetType(), default=None,
-                     help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90%% of --gpu. "
+                     help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of --gpu. "
                           "Default: all of --gpu's memory."),
         click.Option(["--gpu"], default=None, metavar="NAME",
                      help=f"Target this GPU ({', '.join(GPUS)}): implies --device cuda and, without --budget, "

@@ -17,7 +17,6 @@ Rows are ranked: those that fit first, then by extra compute per sample, then by
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from graphmem.api import analyze
 from graphmem.budget import Budget
@@ -166,25 +165,27 @@ def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
 
 
 def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | str]:
-    """Cumulative combinations of the best analysed remedy of each kind, cheapest first, up to
-    the first that fits; then formulas on top of the last one while nothing fits."""
+    """Combinations of the best analysed remedy of each kind, cheapest first: each adds the next
+    remedy to the best combination so far (kept only if it lowers the peak), up to the first
+    that fits; then the formulas on top of the best one while nothing fits."""
     if ctx.job.mode != "train":
         halves = [a for a in alone if "dtype" in a.row.changes and a.prediction is not None]
-        best = min(halves, key=lambda a: a.row.peak_bytes, default=None)
-        return list(quantization_rows(ctx, best)) if best else []
+        best_half = min(halves, key=lambda a: a.row.peak_bytes, default=None)
+        return list(quantization_rows(ctx, best_half)) if best_half else []
     picks = _best_of_each_kind(alone)
+    if not picks or picks[0].row.fits:
+        return []
     out: list[Analysed | str] = []
-    changes: dict[str, Any] = {}
-    last: Analysed | None = picks[0] if picks else None
-    for i, pick in enumerate(picks):
-        changes.update(pick.row.changes)
-        if i > 0:  # combinations only: each alone row exists already
-            made = analysed_row(ctx, " + ".join(p.row.name for p in picks[:i + 1]), dict(changes))
-            out.append(made)
-            last = made if isinstance(made, Analysed) else last
-        if last is not None and last.row.fits:
-            return out
-    return out + (sharding_rows(ctx, last) if last is not None else [])
+    best = picks[0]
+    for pick in picks[1:]:
+        name = f"{best.row.name} + {pick.row.name}"
+        made = analysed_row(ctx, name, {**best.row.changes, **pick.row.changes})
+        out.append(made)
+        if isinstance(made, Analysed) and made.row.peak_bytes < best.row.peak_bytes:
+            best = made
+            if best.row.fits:
+                return out
+    return out + sharding_rows(ctx, best)
 
 
 def _best_of_each_kind(alone: list[Analysed]) -> list[Analysed]:
