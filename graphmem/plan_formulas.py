@@ -158,8 +158,3 @@ def csr_break_even_density(value_bytes: int, index_bytes: int = 8) -> Fraction:
     """The density below which CSR is smaller than the dense matrix (row pointers ignored)."""
     return Fraction(value_bytes, value_bytes + index_bytes)
 
-
-def shares(parts: Mapping[str, int]) -> dict[str, Fraction]:
-    """Each part's share of the total (empty total: zeros)."""
-    total = sum(parts.values())
-    return {k: Fraction(v, total) if total else Fraction(0) for k, v in parts.items()}
