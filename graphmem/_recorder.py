@@ -29,6 +29,7 @@ from graphmem._torch_api import (
     TorchDispatchMode,
     autograd_sequence_nr,
     current_autograd_node,
+    storage_expired,
     storage_key,
 )
 from graphmem.errors import TraceError
@@ -39,6 +40,7 @@ from graphmem.values import Shadows
 __all__ = ["Recorder"]
 
 _READ = torch.ops.aten._local_scalar_dense.default
+_HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 # FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
 # real run input and output are one tensor, so only the output is counted.
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
@@ -98,6 +100,7 @@ class Recorder(TorchDispatchMode):
         self.module_stack: list[str] = []
         self._rules = rules
         self._live: dict[int, _Storage] = {}  # storage cdata -> record, for unreleased storages
+        self._polled: set[int] = set()  # the unreleased storages that may be released
         self._nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> fx node
         self._seq_starts: list[int] = []  # autograd sequence nr -> module, for backward ops
         self._seq_modules: list[str] = []
@@ -119,6 +122,7 @@ class Recorder(TorchDispatchMode):
             rec = _Storage(len(self.storages), ref, nbytes, created, t)
             self.storages.append(rec)
             self._live[cdata] = rec
+            self._polled.add(cdata)
         return rec
 
     def mark(self, t: torch.Tensor, role: Role, label: str = "", owner: str = "") -> None:
@@ -126,6 +130,8 @@ class Recorder(TorchDispatchMode):
         parameter it belongs to (for gradients and optimizer state)."""
         rec = self.track(t, created=len(self.ops) - 1 if self.ops else -1)
         rec.roles.add(role)
+        if role in _HELD and rec.released is None:  # held by graphmem itself: never released
+            self._polled.discard(storage_key(t)[0])
         if label and not rec.label:
             rec.label = label
         if owner:
@@ -136,10 +142,15 @@ class Recorder(TorchDispatchMode):
         self._nodes[t] = node
 
     def poll(self) -> None:
-        """Note every storage released since the last op: it was live until that op."""
+        """Note every storage released since the last op: it was live until that op.
+
+        Parameters, buffers and inputs are not polled: graphmem holds them for the whole
+        step.  The check is the C call behind StorageWeakRef.expired, on each weak
+        reference's handle (valid while the record holds its StorageWeakRef)."""
         last = len(self.ops) - 1
-        dead = [cdata for cdata, rec in self._live.items() if rec.ref.expired()]
+        dead = [cdata for cdata in self._polled if storage_expired(cdata)]
         for cdata in dead:
+            self._polled.discard(cdata)
             self._live.pop(cdata).released = last
 
     # -- modules ----------------------------------------------------------------------

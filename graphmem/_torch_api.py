@@ -35,6 +35,7 @@ __all__ = [
     "current_autograd_node",
     "new_fake_mode",
     "quiet_fake_tensor_logs",
+    "storage_expired",
     "storage_key",
     "to_fake",
     "unset_fake_temporarily",
@@ -71,6 +72,11 @@ def storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef, int]:
     storage = t.untyped_storage()
     ref = StorageWeakRef(storage)
     return ref.cdata, ref, storage.nbytes()
+
+
+# Whether the storage behind a StorageWeakRef's handle (``ref.cdata``) was freed: the C call
+# that StorageWeakRef.expired makes, without its two Python frames (a hot loop).
+storage_expired = torch.UntypedStorage._expired
 
 
 def current_autograd_node() -> Any:
