@@ -38,32 +38,35 @@ from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Co
 __all__ = ["main"]
 
 
-class TargetType(click.ParamType):
-    """``pkg.module:Attr`` or ``path/file.py:Attr`` -> the imported class, factory or module."""
+class ParsedType(click.ParamType):
+    """A value parsed by one of graphmem's parsers; its UserInputError becomes a usage error.
 
-    name = "TARGET"
+    Args:
+        name: the metavar shown in --help.
+        parse: str -> value, raising UserInputError.
+        done: values of this type are already parsed (click may convert defaults twice).
+    """
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ModelSource]:
-        if isinstance(value, tuple):
+    def __init__(self, name: str, parse: Callable[[str], Any], done: type | tuple[type, ...] = ()) -> None:
+        self.name, self.parse, self.done = name, parse, done
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self.done and isinstance(value, self.done):
             return value
         try:
-            return value, resolve_target(value)
+            return self.parse(value)
         except UserInputError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class InputSpecType(click.ParamType):
+def TargetType() -> ParsedType:  # noqa: N802
+    """``pkg.module:Attr`` or ``path/file.py:Attr`` -> (the text, the imported class, factory or module)."""
+    return ParsedType("TARGET", lambda text: (text, resolve_target(text)), tuple)
+
+
+def InputSpecType() -> ParsedType:  # noqa: N802  (reads like the other click types)
     """``[NAME=]DIMS[:DTYPE]`` -> InputSpec."""
-
-    name = "[NAME=]DIMS[:DTYPE]"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> InputSpec:
-        if isinstance(value, InputSpec):
-            return value
-        try:
-            return parse_input_spec(value)
-        except UserInputError as exc:
-            self.fail(str(exc), param, ctx)
+    return ParsedType("[NAME=]DIMS[:DTYPE]", parse_input_spec, InputSpec)
 
 
 class JsonObjectType(click.ParamType):
@@ -255,41 +258,17 @@ _SHARED_OPTIONS = ("model_kwargs", "assumptions", "optimizer", "optimizer_kwargs
                    "debug")
 
 
-class SpecTextType(click.ParamType):
-    """``[NAME=]DIMS[:DTYPE]`` where one dimension may be a capital letter (``Bx1000``) -> the text."""
-
-    name = "[NAME=]DIMS[:DTYPE]"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        try:
-            validate_inputs([value], symbolic=None)
-        except UserInputError as exc:
-            self.fail(str(exc), param, ctx)
-        return str(value)
+def _spec_text(value: str) -> str:
+    validate_inputs([value], symbolic=None)
+    return str(value)
 
 
-class BudgetType(click.ParamType):
-    """``80GiB``, ``80GB``, ``512MiB``, ``123456B``, or ``0.9`` / ``90%`` of --gpu -> BudgetAmount."""
-
-    name = "BYTES|FRACTION"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> BudgetAmount:
-        try:
-            return value if isinstance(value, BudgetAmount) else parse_budget(value)
-        except UserInputError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class MarginType(click.ParamType):
-    """``5%`` or ``0.05`` -> Fraction."""
-
-    name = "PERCENT"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Fraction:
-        try:
-            return value if isinstance(value, Fraction) else parse_margin(value)
-        except UserInputError as exc:
-            self.fail(str(exc), param, ctx)
+# [NAME=]DIMS[:DTYPE] where one dimension may be a capital letter (Bx1000) -> the text
+SpecTextType = lambda: ParsedType("[NAME=]DIMS[:DTYPE]", _spec_text)  # noqa: E731
+# 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
+BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)  # noqa: E731
+# 5% or 0.05 -> Fraction
+MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)  # noqa: E731
 
 
 def _preflight_options(command: Callable[..., None]) -> Callable[..., None]:
