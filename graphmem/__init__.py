@@ -5,7 +5,12 @@ The public names: ``analyze`` and the result and error types.
 
 from __future__ import annotations
 
-from graphmem.api import analyze
+import warnings
+
+# torch warns at import when NumPy is missing; graphmem never uses NumPy through torch.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+from graphmem.api import analyze  # noqa: E402
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.spec import InputSpec, parse_input_spec
 from graphmem.types import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak

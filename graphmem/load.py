@@ -68,6 +68,9 @@ def resolve_target(target: str) -> ModelSource:
     except UserInputError:
         raise
     except ModuleNotFoundError as exc:
+        if exc.name == "transformers":
+            raise UserInputError("transformers is not installed; install it with: "
+                                 "pip install 'graphmem[hf]'") from exc
         raise UserInputError(f"cannot import module {module_part!r}: {exc}; run graphmem from "
                              "the directory that contains it, or give path/to/file.py:Attr") from exc
     except Exception as exc:  # the user's module raised while importing
