@@ -19,9 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import graphmem  # noqa: E402
-from tests.models import ZOO, ZooModel  # noqa: E402
-from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs  # noqa: E402
+import graphmem
+from tests.models import ZOO, ZooModel
+from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs
 
 
 def compare(model: ZooModel, optimizer: str | None) -> tuple[int, int]:

@@ -22,10 +22,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import graphmem  # noqa: E402
-from graphmem.step import OPTIMIZERS  # noqa: E402
-from tests.models import ZOO  # noqa: E402
-from tests.oracles import measure_training, real_inputs  # noqa: E402
+import graphmem
+from graphmem.step import OPTIMIZERS
+from tests.models import ZOO
+from tests.oracles import measure_training, real_inputs
 
 MODELS = {m.name: m for m in ZOO}
 IMPL_FLAGS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
@@ -55,7 +55,7 @@ def measure(model_name: str, options: dict[str, Any]) -> tuple[int, int]:
     model = MODELS[model_name]
     cls_name, defaults = OPTIMIZERS[options["optimizer"]]
     flags = IMPL_FLAGS.get(options.get("optimizer_impl", "for-loop"), {})
-    make = lambda params: getattr(torch.optim, cls_name)(params, **defaults, **flags)  # noqa: E731
+    make = lambda params: getattr(torch.optim, cls_name)(params, **defaults, **flags)
     measured = measure_training(model.build, real_inputs(model.inputs, model.int_high), make, model.loss,
                                 amp=AMP.get(options.get("amp", "")), grad_accum=options.get("grad_accum", 1),
                                 checkpoint_classes=tuple(options.get("checkpoint", ())))

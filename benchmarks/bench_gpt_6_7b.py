@@ -27,8 +27,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -49,8 +50,9 @@ def _setup(quick: bool) -> dict[str, Any]:
 def run_graphmem(quick: bool) -> dict[str, Any]:
     """Analyse the training step with graphmem; return its predicted peak and op count."""
     setup = _setup(quick)
-    import graphmem
     from gpt import GPT
+
+    import graphmem
 
     target: Any = functools.partial(GPT, **setup["config"]) if quick else "examples/gpt.py:gpt_6_7b"
     spec = f"{setup['batch']}x{setup['seq']}:int64"
@@ -103,7 +105,7 @@ def _preimport(tool: str, quick: bool) -> None:
     """Import torch, the tool and the model module up front, so wall_s times only the analysis."""
     _setup(quick)
     import gpt  # noqa: F401
-    import torch  # noqa: F401
+    import torch
 
     if tool == "graphmem":
         import graphmem  # noqa: F401

@@ -170,7 +170,7 @@ def _attempt(fn: Callable[[], tuple[int | None, int | None]], what: str, notes: 
              ) -> tuple[int | None, int | None]:
     try:
         return fn()
-    except Exception as error:  # noqa: BLE001  (a failing row is reported, not fatal)
+    except Exception as error:
         notes.append(f"{what}: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}")
         return None, None
 
@@ -232,13 +232,13 @@ def allocator_rows(device: str, count: int = 2000) -> list[str]:
     for seed, conf in enumerate(ALLOCATOR_CONFS):
         events = random_events(count, seed)
         stats = replay(events, parse_alloc_conf(conf))
-        predicted = list(zip(stats.allocated_timeline, stats.reserved_timeline))
+        predicted = list(zip(stats.allocated_timeline, stats.reserved_timeline, strict=False))
         if device != "cuda":
             lines.append(f"| {conf or '(default)'} | {count} | n/a (dry run) | n/a |")
             continue
         measured = replay_for_real(events, conf)
-        same = sum(p == m for p, m in zip(predicted, measured))
-        first = next((i for i, (p, m) in enumerate(zip(predicted, measured)) if p != m), None)
+        same = sum(p == m for p, m in zip(predicted, measured, strict=False))
+        first = next((i for i, (p, m) in enumerate(zip(predicted, measured, strict=False)) if p != m), None)
         where = "none" if first is None else f"{first}, {predicted[first]}, {measured[first]}"
         lines.append(f"| {conf or '(default)'} | {count} | {same} | {where} |")
     return lines

@@ -15,7 +15,7 @@ class MLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...] = (1000, 500, 100)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
             layers.append(nn.Linear(n_in, n_out))
             if i < len(sizes) - 2:
                 layers.append(nn.ReLU())

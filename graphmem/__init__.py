@@ -11,9 +11,9 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from graphmem.api import analyze  # noqa: E402
-from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
-from graphmem.spec import InputSpec, parse_input_spec
-from graphmem.types import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak
+from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError  # noqa: E402
+from graphmem.spec import InputSpec, parse_input_spec  # noqa: E402
+from graphmem.types import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -24,10 +24,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
-    count_flops,
     StorageWeakRef,
     TorchDispatchMode,
     autograd_sequence_nr,
+    count_flops,
     current_autograd_node,
     storage_expired,
     storage_key,

@@ -10,20 +10,20 @@ from typing import Any
 
 import torch
 
-from graphmem.errors import UserInputError
-from graphmem.liveness import POLICIES, compute_lifetimes
-from graphmem.load import ModelSource, build_model, resolve_target
-from graphmem.memory import build_mode_report
-from graphmem.rules import Rule, rules_for
-from graphmem.spec import InputSpec, parse_input_spec
 from graphmem.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda import SDPA_CHOICES, CudaKernels
 from graphmem.cuda_memory import model_cuda_allocator
+from graphmem.errors import UserInputError
+from graphmem.generate import GenerateSpec, parse_generate
 from graphmem.gpus import GPU, get_gpu
+from graphmem.liveness import POLICIES, compute_lifetimes
+from graphmem.load import ModelSource, build_model, resolve_target
+from graphmem.memory import build_mode_report
 from graphmem.presets import get_preset
+from graphmem.rules import Rule, rules_for
+from graphmem.spec import InputSpec, parse_input_spec
 from graphmem.step import StepConfig, resolve_optimizer
 from graphmem.trace import trace_step
-from graphmem.generate import GenerateSpec, parse_generate
 from graphmem.types import GenerateReport, MemoryReport, ModeReport, Phase
 
 __all__ = ["analyze", "ANALYSIS_MODES", "DEVICES"]
@@ -143,7 +143,7 @@ def _name(model: Any, preset: str | None) -> str:
 
 def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:
     """Prefill of the prompt, then the last decode step with the cache of prompt + new - 1 tokens."""
-    ids = lambda n: InputSpec((gen.batch, n), torch.int64, "input_ids")  # noqa: E731
+    ids = lambda n: InputSpec((gen.batch, n), torch.int64, "input_ids")
     prefill = run("prefill", [ids(gen.prompt)])
     decode = run("decode", [ids(gen.prompt + gen.new - 1), InputSpec((gen.batch, 1), torch.int64, "next_token")])
     decode_steps = [i for i, op in enumerate(decode.trace.ops) if op.phase == Phase.DECODE]

@@ -181,7 +181,7 @@ class _CastCache:
 def _bind(packet: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The arguments the dispatcher passed, by schema name (omitted defaults stay omitted)."""
     names = [a.name for a in packet._schema.arguments]
-    return {**dict(zip(names, args)), **kwargs}
+    return {**dict(zip(names, args, strict=False)), **kwargs}
 
 
 def _cast_all(packet: torch._ops.OpOverload, bound: dict[str, Any],

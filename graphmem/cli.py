@@ -9,31 +9,29 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
+from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import click
 
 from graphmem import __version__
 from graphmem.api import ANALYSIS_MODES, DEVICES, analyze
-from graphmem.errors import GraphmemError, UserInputError
-from graphmem.cuda import SDPA_CHOICES
-from graphmem.gpus import GPUS
-from graphmem.load import ModelSource, load_hf_config, resolve_target
-from graphmem.presets import PRESETS
-from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_output_path, write_files
-from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
-from graphmem.values import parse_assumption
-from graphmem.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
-import traceback
-from collections.abc import Callable
-from fractions import Fraction
-
 from graphmem.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
-from graphmem.gpus import get_gpu
+from graphmem.cuda import SDPA_CHOICES
+from graphmem.errors import GraphmemError, UserInputError
+from graphmem.gpus import GPUS, get_gpu
+from graphmem.load import ModelSource, load_hf_config, resolve_target
 from graphmem.plan import make_plan
 from graphmem.preflight import PREFLIGHT_MODES, Job, check, search_largest, validate_inputs
+from graphmem.presets import PRESETS
+from graphmem.report import COLLAPSE_CHOICES, RENDERERS, UNIT_CHOICES, check_output_path, write_files
 from graphmem.report.plan_table import PLAN_RENDERERS
 from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Context
+from graphmem.spec import MODEL_DTYPES, InputSpec, parse_dtype, parse_input_spec
+from graphmem.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
+from graphmem.values import parse_assumption
 
 __all__ = ["main"]
 
@@ -59,12 +57,12 @@ class ParsedType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def TargetType() -> ParsedType:  # noqa: N802
+def TargetType() -> ParsedType:
     """``pkg.module:Attr`` or ``path/file.py:Attr`` -> (the text, the imported class, factory or module)."""
     return ParsedType("TARGET", lambda text: (text, resolve_target(text)), tuple)
 
 
-def InputSpecType() -> ParsedType:  # noqa: N802  (reads like the other click types)
+def InputSpecType() -> ParsedType:
     """``[NAME=]DIMS[:DTYPE]`` -> InputSpec."""
     return ParsedType("[NAME=]DIMS[:DTYPE]", parse_input_spec, InputSpec)
 
@@ -264,11 +262,11 @@ def _spec_text(value: str) -> str:
 
 
 # [NAME=]DIMS[:DTYPE] where one dimension may be a capital letter (Bx1000) -> the text
-SpecTextType = lambda: ParsedType("[NAME=]DIMS[:DTYPE]", _spec_text)  # noqa: E731
+SpecTextType = lambda: ParsedType("[NAME=]DIMS[:DTYPE]", _spec_text)
 # 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
-BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)  # noqa: E731
+BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)
 # 5% or 0.05 -> Fraction
-MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)  # noqa: E731
+MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)
 
 
 def _preflight_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -25,7 +25,7 @@ def compute_timeline(lifetimes: Iterable[Lifetime], trace: Trace) -> tuple[int, 
         delta[life.start + 1] += life.nbytes
         delta[life.end + 2] -= life.nbytes
     live = list(accumulate(delta))[1:n + 1]
-    return tuple(b + op.scratch_bytes for b, op in zip(live, trace.ops))
+    return tuple(b + op.scratch_bytes for b, op in zip(live, trace.ops, strict=False))
 
 
 def live_by_category(lifetimes: Iterable[Lifetime], step: int, scratch_bytes: int = 0
@@ -77,14 +77,14 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
 
 def _iteration_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[int, ...]:
     peaks: dict[int, int] = {}
-    for op, live in zip(trace.ops, timeline):
+    for op, live in zip(trace.ops, timeline, strict=False):
         peaks[op.iteration] = max(peaks.get(op.iteration, 0), live)
     return tuple(peaks[i] for i in sorted(peaks))
 
 
 def _phase_peaks(trace: Trace, timeline: tuple[int, ...]) -> tuple[PhasePeak, ...]:
     best: dict[Phase, tuple[int, int]] = {}
-    for op, live in zip(trace.ops, timeline):
+    for op, live in zip(trace.ops, timeline, strict=False):
         if op.phase not in best or live > best[op.phase][0]:
             best[op.phase] = (live, op.index)
     return tuple(PhasePeak(phase=str(p), peak_bytes=best[p][0], step=best[p][1])

@@ -30,18 +30,18 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from graphmem import generate as generation
 from graphmem._recorder import Recorder
 from graphmem._torch_api import (
-    backward_keeping_modes,
     DATA_DEPENDENT_ERRORS,
     FakeTensorMode,
     UnsupportedOperatorException,
+    backward_keeping_modes,
     new_fake_mode,
     quiet_fake_tensor_logs,
     storage_key,
     to_fake,
 )
-from graphmem import generate as generation
 from graphmem.autocast_cuda import cuda_autocast, cuda_autocast_lists
 from graphmem.cuda import CudaKernels
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError

@@ -120,12 +120,12 @@ class Shadows:
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         sources = frozenset().union(*(self._shadows[t].sources for t in tensors)) if tensors else frozenset()
         fakes = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        for fake, value in zip(fakes, [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]):
+        for fake, value in zip(fakes, [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)], strict=False):
             self._shadows[fake] = _Shadow(value, sources)
 
     def run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """``func`` on real shadow values (every tensor argument must have a shadow)."""
-        swap = lambda a: self._shadows[a].value if isinstance(a, torch.Tensor) else a  # noqa: E731
+        swap = lambda a: self._shadows[a].value if isinstance(a, torch.Tensor) else a
         real_args, real_kwargs = tree_map(swap, (tuple(args), dict(kwargs)))
         with unset_fake_temporarily():
             return func(*real_args, **real_kwargs)

@@ -14,9 +14,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from gpt import GPT  # noqa: E402
-from mlp import MLP  # noqa: E402
-from simplenet import SimpleNet  # noqa: E402
+from gpt import GPT
+from mlp import MLP
+from simplenet import SimpleNet
 
 
 class ResNetish(nn.Module):

@@ -27,7 +27,7 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     """Summary, breakdown at each peak, per-phase peaks, where each peak happens, and where the
     memory goes: a sparkline, a per-module table ``depth`` levels deep, the ``top`` largest
     storages at the peak (of the training mode when analysed, else inference)."""
-    fmt = lambda n: format_bytes(n, units)  # noqa: E731
+    fmt = lambda n: format_bytes(n, units)
     if report.generate is not None:
         return generate_table(report, report.generate, fmt)
     modes = [m for m in (report.inference, report.train) if m is not None]

@@ -33,7 +33,7 @@ def test_single_linear_inference() -> None:
 def test_sequential_frees_intermediate_after_next_layer() -> None:
     # params 4*8*4 + 8*2*4 = 192 B, input 32 B; after relu: h1 (2x8 = 64 B) and relu out (64 B)
     # are both live: 192 + 32 + 64 + 64 = 352 B.  Sequential drops h1 before l2 runs.
-    model = lambda: nn.Sequential(nn.Linear(4, 8, bias=False), nn.ReLU(), nn.Linear(8, 2, bias=False))  # noqa: E731
+    model = lambda: nn.Sequential(nn.Linear(4, 8, bias=False), nn.ReLU(), nn.Linear(8, 2, bias=False))
     report = graphmem.analyze(model, ["2x4"], mode="inference")
     assert report.inference is not None
     assert report.inference.peak_bytes == 352
@@ -67,7 +67,7 @@ def test_tied_weights_count_once() -> None:
 
 def test_in_place_relu_adds_no_storage() -> None:
     # Linear(4,8) no bias: 128 B weight, 32 B input, 64 B output; ReLU(inplace) reuses it
-    model = lambda: nn.Sequential(nn.Linear(4, 8, bias=False), nn.ReLU(inplace=True))  # noqa: E731
+    model = lambda: nn.Sequential(nn.Linear(4, 8, bias=False), nn.ReLU(inplace=True))
     report = graphmem.analyze(model, ["2x4"], mode="inference")
     assert report.inference is not None
     assert report.inference.peak_bytes == 128 + 32 + 64

@@ -30,7 +30,7 @@ def test_register_rejects_duplicates_naming_both() -> None:
 
 def test_rules_take_plain_tuples() -> None:
     a = ArgMeta((2, 3), torch.float32, (3, 1))
-    rule = lambda args, kwargs: args[0].shape[0] * 8  # noqa: E731
+    rule = lambda args, kwargs: args[0].shape[0] * 8
     assert scratch_bytes(rule, (a,), {}) == 16
 
 
