@@ -7,10 +7,11 @@ Turns strings into specs, calls ``graphmem.analyze`` once, renders with the rend
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -225,25 +226,27 @@ def _named(report: Any, name: str) -> Any:
     return replace(report, target=name)
 
 
-class _errors_to_exit_codes:
-    """Context manager: GraphmemError -> 'Error: ...' and its exit code; bugs -> exit 1."""
-
-    def __init__(self, debug: bool) -> None:
-        self.debug = debug
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or self.debug or isinstance(exc, (click.ClickException, KeyboardInterrupt)):
-            return False
+@contextlib.contextmanager
+def _errors_to_exit_codes(debug: bool, bug_exit: int = 1, debug_keeps_code: bool = False) -> Iterator[None]:
+    """GraphmemError -> 'Error: ...' with its exit code (2 usage, 3 analysis); a bug -> an
+    'internal error' line and ``bug_exit``.  ``--debug`` re-raises (the traceback), or, with
+    ``debug_keeps_code``, prints the traceback and keeps the exit code."""
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
+        if debug and not debug_keeps_code:
+            raise
+        if debug:
+            traceback.print_exception(exc)
         if isinstance(exc, GraphmemError):
             error = click.ClickException(str(exc))
-            error.exit_code = exc.exit_code
+            error.exit_code = exc.exit_code  # type: ignore[misc]
             raise error from None
         click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
                    "(rerun with --debug for the traceback, and please report it)", err=True)
-        sys.exit(1)
+        sys.exit(bug_exit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,29 +325,10 @@ def _write(text: str, output: str | None) -> None:
         click.echo(text, nl=False)
 
 
-class _preflight_errors:
-    """As _errors_to_exit_codes, but a bug exits 3 (exit 1 means "does not fit"); --debug
+def _preflight_errors(debug: bool) -> contextlib.AbstractContextManager[None]:
+    """As _errors_to_exit_codes, but a bug exits 3 (exit 1 means "does not fit") and --debug
     prints the traceback and keeps the exit code."""
-
-    def __init__(self, debug: bool) -> None:
-        self.debug = debug
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or isinstance(exc, (click.ClickException, click.exceptions.Exit, KeyboardInterrupt,
-                                           SystemExit)):
-            return False
-        if self.debug:
-            traceback.print_exception(exc)
-        if isinstance(exc, GraphmemError):
-            error = click.ClickException(str(exc))
-            error.exit_code = exc.exit_code
-            raise error from None
-        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
-                   "(rerun with --debug for the traceback, and please report it)", err=True)
-        sys.exit(3)
+    return _errors_to_exit_codes(debug, bug_exit=3, debug_keeps_code=True)
 
 
 @main.command("check")
