@@ -138,7 +138,7 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
 
 
 def _name(model: Any, preset: str | None) -> str:
-    return preset or (model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__))
+    return str(preset or (model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)))
 
 
 def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:

@@ -290,10 +290,10 @@ class _Overrides:
                 warnings.simplefilter("ignore", UserWarning)
                 for name, policy in CUDA_POLICIES.items():
                     kernel = _kernel(name, policy, self.casts)
-                    self._library("aten").impl(name, kernel, _AUTOCAST_CPU)  # type: ignore[no-untyped-call]
+                    self._library("aten").impl(name, kernel, _AUTOCAST_CPU)
                 for qualified in sorted(cpu_only):
                     namespace, _, name = qualified.partition("::")
-                    self._library(namespace).impl(  # type: ignore[no-untyped-call]
+                    self._library(namespace).impl(
                         name, torch.library.fallthrough_kernel, _AUTOCAST_CPU)
         except BaseException:
             self.remove()
@@ -310,7 +310,7 @@ class _Overrides:
             torch.clear_autocast_cache = self.torch_clear
             self.torch_clear = None
         for library in self.libraries.values():
-            library._destroy()  # type: ignore[no-untyped-call]
+            library._destroy()
         self.libraries = {}
         self.casts.clear()
 
@@ -321,7 +321,7 @@ class _Overrides:
 
     def _library(self, namespace: str) -> torch.library.Library:
         if namespace not in self.libraries:
-            library = torch.library.Library(namespace, "IMPL")  # type: ignore[no-untyped-call]
+            library = torch.library.Library(namespace, "IMPL")
             self.libraries[namespace] = library
         return self.libraries[namespace]
 

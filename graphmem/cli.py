@@ -37,7 +37,7 @@ from graphmem.values import parse_assumption
 __all__ = ["main"]
 
 
-class ParsedType(click.ParamType):
+class ParsedType(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
     """A value parsed by one of graphmem's parsers; its UserInputError becomes a usage error.
 
     Args:
@@ -68,7 +68,7 @@ def InputSpecType() -> ParsedType:
     return ParsedType("[NAME=]DIMS[:DTYPE]", parse_input_spec, InputSpec)
 
 
-class JsonObjectType(click.ParamType):
+class JsonObjectType(click.ParamType):  # type: ignore[type-arg]
     """A JSON object given on the command line, e.g. ``'{"hidden": 256}'``."""
 
     name = "JSON"

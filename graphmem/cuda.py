@@ -112,12 +112,15 @@ class CudaKernels(TorchFunctionMode):
             repeat = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)
         if backend == "flash":
-            return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
-        if backend == "efficient":
-            return aten._scaled_dot_product_efficient_attention(
-                q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
-        if backend == "cudnn":
-            return aten._scaled_dot_product_cudnn_attention(
-                q, k, v, attn_mask, True, dropout_p, is_causal, False, scale=scale)[0]
-        return aten._scaled_dot_product_attention_math(
-            q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale)[0]
+            outs = aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)
+        elif backend == "efficient":
+            outs = aten._scaled_dot_product_efficient_attention(
+                q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)
+        elif backend == "cudnn":
+            outs = aten._scaled_dot_product_cudnn_attention(
+                q, k, v, attn_mask, True, dropout_p, is_causal, False, scale=scale)
+        else:
+            outs = aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, None,
+                                                           scale=scale)
+        out: torch.Tensor = outs[0]
+        return out

@@ -116,9 +116,9 @@ def pruned_factory(source: ModelSource, kwargs: Mapping[str, Any] | None, amount
         model = copy.deepcopy(source) if isinstance(source, nn.Module) else build_model(source, kwargs)
         for module in list(model.modules()):
             if isinstance(module, PRUNABLE):
-                prune.l1_unstructured(module, "weight", amount=amount)  # type: ignore[no-untyped-call]
+                prune.l1_unstructured(module, "weight", amount=amount)
                 if remove:
-                    prune.remove(module, "weight")  # type: ignore[no-untyped-call]
+                    prune.remove(module, "weight")
         return model
 
     build.__qualname__ = f"pruned({getattr(source, '__qualname__', type(source).__name__)})"

@@ -172,11 +172,11 @@ def _not_tracing_to_libraries() -> Iterator[None]:
     if utils is None or original is None:
         yield
         return
-    utils.is_fake_tensor = lambda x: False
+    setattr(utils, "is_fake_tensor", lambda x: False)  # noqa: B010
     try:
         yield
     finally:
-        utils.is_fake_tensor = original
+        setattr(utils, "is_fake_tensor", original)  # noqa: B010
 
 
 def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,
@@ -326,7 +326,7 @@ def _checkpointed(model: nn.Module, class_names: tuple[str, ...], recorder: Reco
         raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
                              f"model; its classes are: {', '.join(available)}")
     for module in targets:
-        module.forward = functools.partial(_checkpoint_call, module.forward,  # type: ignore[method-assign]
+        module.forward = functools.partial(_checkpoint_call, module.forward,
                                            paths.get(id(module), ""), recorder)
     try:
         yield

@@ -29,7 +29,7 @@ def cuda_table(report: MemoryReport, modes: list[ModeReport], head: list[str],
             ["left on the GPU"] + [fmt(gpu.total_memory_bytes - n) for n in smi],
             ["attention kernels"] + [", ".join(f"{k} x{v}" for k, v in (m.sdpa_backends or {}).items()) or "-"
                                      for m in modes]]
-    return ("CUDA caching allocator (bytes rounded to blocks; cached segments)\n"
+    return str("CUDA caching allocator (bytes rounded to blocks; cached segments)\n"
             + tabulate(rows, headers=head, tablefmt="simple"))
 
 

@@ -68,7 +68,7 @@ def _checkpoint_comparison(with_ck: ModeReport, without: ModeReport, fmt: Callab
     rows = [["without checkpointing", fmt(without.peak_bytes), f"{without.flops:,}", ""],
             ["with checkpointing", fmt(with_ck.peak_bytes), f"{with_ck.flops:,}",
              f"{with_ck.recompute_flops:,} ({share:.1%})"]]
-    return ("Activation checkpointing what-if (FLOPs of both iterations)\n"
+    return str("Activation checkpointing what-if (FLOPs of both iterations)\n"
             + tabulate(rows, headers=["", "train peak", "FLOPs", "recomputed FLOPs"], tablefmt="simple"))
 
 
@@ -85,5 +85,5 @@ def _train_details(m: ModeReport, fmt: object) -> str:
     totals = [["parameters", f(m.params_bytes)], ["buffers", f(m.buffers_bytes)],
               ["gradients", f(m.grads_bytes)], [f"optimizer state{source}", f(m.optimizer_state_bytes)],
               ["activations saved for backward (end of forward)", f(m.activations_bytes)]]
-    return ("Training peak by phase\n" + tabulate(phases, headers=["phase", "peak"], tablefmt="simple")
+    return str("Training peak by phase\n" + tabulate(phases, headers=["phase", "peak"], tablefmt="simple")
             + "\n\nTraining totals\n" + tabulate(totals, headers=["", "bytes"], tablefmt="simple"))

@@ -38,7 +38,8 @@ class ArgMeta:
     stride: tuple[int, ...]
 
 
-Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], int]
+# scratch rules return int bytes; output_dtypes rules return {output index: dtype}
+Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
 KINDS = ("scratch", "output_dtypes")
 _RULES: dict[tuple[str, str, torch._ops.OpOverload], Rule] = {}
