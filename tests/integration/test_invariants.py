@@ -101,3 +101,17 @@ def test_activations_are_saved_tensors_only() -> None:
     assert report.train is not None
     assert report.train.activations_bytes == 16 * 500 * 4
     assert report.train.breakdown[Category.PARAMETER] == (1000 * 500 + 500 + 500 * 100 + 100) * 4
+
+
+def test_a_module_instance_is_analysed_and_left_untouched() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    objects = {name: p for name, p in model.named_parameters()}
+    report = graphmem.analyze(model, ["2x16"], dtype=torch.bfloat16)
+    assert report.train is not None
+    # bf16 weights: (16*8 + 8 + 8*4 + 4) * 2 bytes, as model.to(torch.bfloat16) would hold
+    assert report.train.params_bytes == (16 * 8 + 8 + 8 * 4 + 4) * 2
+    for name, p in model.named_parameters():
+        assert p is objects[name] and p.dtype == torch.float32 and p.grad is None
+        assert torch.equal(p, before[name])
