@@ -98,6 +98,8 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
     step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=tuple(checkpoint),
                       grad_accum=grad_accum)
+    if preset is not None and not inputs and generate is None:
+        inputs = get_preset(preset).example_input.split()  # the preset's own example batch
     specs = _validate(inputs, mode, device, policy, step, allow_empty=generate is not None)
     cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
     if cuda is not None:
