@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-import graphmem  # noqa: E402
-from graphmem.plan_model import pruned_factory  # noqa: E402
-from gpt import GPT  # noqa: E402
-from mlp import MLP  # noqa: E402
-from simplenet import SimpleNet  # noqa: E402
+from gpt import GPT
+from mlp import MLP
+from simplenet import SimpleNet
+
+import graphmem
+from graphmem.plan_model import pruned_factory
 
 MODELS: dict[str, tuple[Any, list[str], str]] = {
     "MLP 1000-500-100, batch 32 (Russian seed)": (MLP, ["32x1000"], "sum"),
