@@ -77,11 +77,12 @@ def _fresh_outputs(func: Any, out: Any) -> Any:
 class _Storage:
     """Mutable bookkeeping for one storage while recording; frozen into StorageRecord."""
 
-    __slots__ = ("sid", "ref", "nbytes", "created", "released", "roles", "label", "shape", "dtype")
+    __slots__ = ("sid", "cdata", "ref", "nbytes", "created", "released", "roles", "label", "shape", "dtype")
 
     def __init__(self, sid: int, ref: StorageWeakRef, nbytes: int, created: int,
                  t: torch.Tensor) -> None:
         self.sid, self.ref, self.nbytes, self.created = sid, ref, nbytes, created
+        self.cdata = ref.cdata  # the weak reference's handle: the key of the live tables
         self.released: int | None = None
         self.roles: set[Role] = set()
         self.label = ""
@@ -118,7 +119,7 @@ class Recorder(TorchDispatchMode):
         """The record of ``t``'s storage, created now if unseen."""
         cdata, ref, nbytes = storage_key(t)
         rec = self._live.get(cdata)
-        if rec is None or rec.ref.expired():
+        if rec is None or storage_expired(cdata):
             rec = _Storage(len(self.storages), ref, nbytes, created, t)
             self.storages.append(rec)
             self._live[cdata] = rec
@@ -131,7 +132,7 @@ class Recorder(TorchDispatchMode):
         rec = self.track(t, created=len(self.ops) - 1 if self.ops else -1)
         rec.roles.add(role)
         if role in _HELD and rec.released is None:  # held by graphmem itself: never released
-            self._polled.discard(storage_key(t)[0])
+            self._polled.discard(rec.cdata)
         if label and not rec.label:
             rec.label = label
         if owner:
@@ -154,9 +155,10 @@ class Recorder(TorchDispatchMode):
             self._live.pop(cdata).released = last
 
     # -- modules ----------------------------------------------------------------------
-    def current_module(self, tensors: list[torch.Tensor]) -> str:
+    def current_module(self, in_sids: tuple[int, ...]) -> str:
         """Module path of the op running now: the forward module stack, the autograd node
-        being executed in backward, or the parameter an optimizer op works on."""
+        being executed in backward, or the parameter an optimizer op works on (the owner of
+        its first input storage that has one)."""
         if self.phase in (Phase.FORWARD, Phase.LOSS) or (self.module_stack and self.phase == Phase.BACKWARD):
             return self.module_stack[-1] if self.module_stack else ""
         if self.phase == Phase.BACKWARD:
@@ -169,8 +171,7 @@ class Recorder(TorchDispatchMode):
                 if self._seq_starts:
                     return self._seq_modules[min(i, len(self._seq_modules) - 1)]
             return ""
-        for t in tensors:
-            sid = self.track(t, len(self.ops)).sid
+        for sid in in_sids:
             if sid in self._owner:
                 return self._param_module(sid)
         # an optimizer temporary: it works on the same parameter as the op before it
@@ -206,7 +207,7 @@ class Recorder(TorchDispatchMode):
         in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
                       and func not in _LIFTS]  # a lift's input is the real constant it fakes
         in_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in in_tensors))
-        module = self.current_module(in_tensors)
+        module = self.current_module(in_sids)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self._note_sequence(module)
         self.pending = (str(func), module)  # named in the error if the op raises
