@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -187,6 +188,28 @@ class Recorder(TorchDispatchMode):
         if not self._seq_starts or newest > self._seq_starts[-1]:
             self._seq_starts.append(newest)
             self._seq_modules.append(module)
+
+    @contextlib.contextmanager
+    def tracking_modules(self, model: nn.Module) -> Iterator[None]:
+        """Keep ``module_stack`` equal to the path of the module running now (global module hooks)."""
+        paths: dict[int, str] = {}
+        for name, module in model.named_modules(remove_duplicate=False):
+            paths.setdefault(id(module), name)
+
+        def pre(module: nn.Module, args: Any) -> None:
+            self.module_stack.append(paths.get(id(module), type(module).__name__))
+
+        def post(module: nn.Module, args: Any, out: Any) -> None:
+            if self.module_stack:
+                self.module_stack.pop()
+
+        handles = [nn.modules.module.register_module_forward_pre_hook(pre),
+                   nn.modules.module.register_module_forward_hook(post, always_call=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @contextlib.contextmanager
     def silenced(self) -> Iterator[None]:

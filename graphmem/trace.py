@@ -19,10 +19,10 @@ The training step, per iteration (locals are released when it returns)::
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -34,17 +34,16 @@ from graphmem import generate as generation
 from graphmem._recorder import Recorder
 from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
-    FakeTensorMode,
     UnsupportedOperatorException,
     backward_keeping_modes,
     new_fake_mode,
     quiet_fake_tensor_logs,
     storage_key,
-    to_fake,
 )
 from graphmem.autocast_cuda import cuda_autocast, cuda_autocast_lists
 from graphmem.cuda import CudaKernels
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.fakes import fake_inputs, fake_parameters
 from graphmem.replica import optimizer_scalar_reads
 from graphmem.rules import RuleTable, rules_for
 from graphmem.spec import InputSpec
@@ -91,8 +90,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     recorder = Recorder(rules or rules_for(device))
     fake_mode = new_fake_mode()
     target = torch.device("cpu" if cuda is not None else device)
-    with _fake_tensors(model, fake_mode, target, dtype) as names, _module_tracking(model, recorder):
-        args, kwargs = _fake_inputs(inputs, fake_mode, target)
+    with fake_parameters(model, fake_mode, target, dtype) as names, recorder.tracking_modules(model):
+        args, kwargs = fake_inputs(inputs, fake_mode, target)
         for tensor, (name, role) in names.items():
             recorder.add_placeholder(tensor, name)
             recorder.mark(tensor, role, name, owner=name)
@@ -101,14 +100,15 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         with _errors_explained(recorder, model), quiet_fake_tensor_logs():
             if mode == "train":
                 _read_optimizer_values(model, step, target, recorder)
+            autocast = functools.partial(_autocast, step, target, cuda is not None)
             with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
                     _cuda_autocast_rules(cuda is not None, step):
                 if mode == "inference":
-                    _run_inference(model, args, kwargs, recorder, step, target)
+                    _run_inference(model, args, kwargs, recorder, autocast)
                 elif mode == "train":
-                    _run_training(model, args, kwargs, recorder, step, target)
+                    _run_training(model, args, kwargs, recorder, step, target, autocast)
                 else:
-                    kv_bytes = _run_generation(model, kwargs, recorder, step, target, mode)
+                    kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
             recorder.poll()
     notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
@@ -116,13 +116,13 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                  kv_cache_bytes=kv_bytes)
 
 
-def _run_generation(model: nn.Module, kwargs: dict[str, Any], recorder: Recorder, step: StepConfig,
-                    device: torch.device, mode: str) -> int:
+def _run_generation(model: nn.Module, kwargs: dict[str, Any], recorder: Recorder, mode: str,
+                    autocast: Callable[[], AbstractContextManager[Any]]) -> int:
     """``prefill``: the prompt's forward; ``decode``: fill the cache, then one decode step.
     Returns the bytes of the KV cache at the end (its storages, each counted once)."""
     model.eval()
     recorder.phase = Phase.PREFILL
-    with torch.no_grad(), _autocast(step, device):
+    with torch.no_grad(), autocast():
         if mode == "prefill":
             cache = generation.prefill(model, kwargs["input_ids"])
         else:
@@ -191,11 +191,11 @@ def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.dev
             "parameters with finite gradients")
 
 
-def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any],
-                   recorder: Recorder, step: StepConfig, device: torch.device) -> None:
+def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                   autocast: Callable[[], AbstractContextManager[Any]]) -> None:
     model.eval()
     recorder.phase = Phase.FORWARD
-    with torch.no_grad(), _autocast(step, device):
+    with torch.no_grad(), autocast():
         out = model(*args, **kwargs)
     _mark_output(recorder, out)
     recorder.poll()  # the output is still referenced here: it stays live to the end
@@ -205,20 +205,21 @@ class _Loop:
     """The training loop's fixed parts: what ``_micro_step`` and ``_optimizer_step`` share."""
 
     def __init__(self, model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
-                 step: StepConfig, device: torch.device) -> None:
+                 step: StepConfig, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager[Any]]) -> None:
         self.model, self.args, self.kwargs, self.recorder, self.step = model, args, kwargs, recorder, step
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.opt = make_optimizer(step, list(self.params.values()))
-
         self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
-        self.device = device
+        self.autocast = autocast
         self.targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
 
 
 def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
-                  step: StepConfig, device: torch.device) -> None:
+                  step: StepConfig, device: torch.device,
+                  autocast: Callable[[], AbstractContextManager[Any]]) -> None:
     model.train()
-    loop = _Loop(model, args, kwargs, recorder, step, device)
+    loop = _Loop(model, args, kwargs, recorder, step, device, autocast)
     # micro-steps after the second repeat it exactly (same tensors, gradients resident)
     micro_steps = min(step.grad_accum, 2)
     with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
@@ -239,7 +240,7 @@ def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], rec
 def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
     recorder, step = loop.recorder, loop.step
     recorder.phase = Phase.FORWARD
-    with _autocast(step, loop.device):
+    with loop.autocast():
         out = loop.model(*loop.args, **loop.kwargs)
         recorder.phase = Phase.LOSS
         if step.loss in ("cross_entropy", "nll") and not loop.targets:
@@ -260,18 +261,14 @@ def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
     return out, loss
 
 
-def _autocast(step: StepConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def _autocast(step: StepConfig, device: torch.device, cuda: bool) -> AbstractContextManager[Any]:
     """torch.autocast for ``--amp`` on the (fake) device, or nothing.  The CUDA target records
     on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.autocast_cuda)."""
     if step.amp is None:
         return contextlib.nullcontext()
-    if _CUDA_AUTOCAST.get():
+    if cuda:
         return cuda_autocast(AMP_DTYPES[step.amp])
     return torch.autocast(device.type, dtype=AMP_DTYPES[step.amp])
-
-
-# True while a CUDA-target trace runs: autocast then follows CUDA's lists.
-_CUDA_AUTOCAST: contextvars.ContextVar[bool] = contextvars.ContextVar("graphmem_cuda_autocast", default=False)
 
 
 @contextlib.contextmanager
@@ -281,12 +278,8 @@ def _cuda_autocast_rules(active: bool, step: StepConfig) -> Iterator[None]:
     if not active or step.amp is None:
         yield
         return
-    token = _CUDA_AUTOCAST.set(True)
-    try:
-        with cuda_autocast_lists():
-            yield
-    finally:
-        _CUDA_AUTOCAST.reset(token)
+    with cuda_autocast_lists():
+        yield
 
 
 def _optimizer_step(loop: _Loop) -> None:
@@ -366,80 +359,6 @@ def _mark_output(recorder: Recorder, out: Any) -> None:
     for leaf in tree_flatten(leaves)[0]:
         if isinstance(leaf, torch.Tensor):
             recorder.mark(leaf, Role.OUTPUT)
-
-
-def _fake_inputs(inputs: Sequence[InputSpec], mode: FakeTensorMode,
-                 device: torch.device) -> tuple[list[Any], dict[str, Any]]:
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    for spec in inputs:
-        fake = to_fake(mode, torch.empty(spec.shape, dtype=spec.dtype, device="meta"), device)
-        if spec.name:
-            kwargs[spec.name] = fake
-        else:
-            args.append(fake)
-    return args, kwargs
-
-
-@contextlib.contextmanager
-def _fake_tensors(model: nn.Module, mode: FakeTensorMode, device: torch.device,
-                  dtype: torch.dtype | None) -> Iterator[dict[torch.Tensor, tuple[str, Role]]]:
-    """Swap every parameter and buffer for a fake one (tied tensors stay tied); restore after.
-
-    Yields fake tensor -> (qualified name, role), parameters first.
-    """
-    originals: list[tuple[dict[str, Any], str, Any]] = []
-    memo: dict[int, torch.Tensor] = {}
-    names: dict[torch.Tensor, tuple[str, Role]] = {}
-    try:
-        for prefix, module in model.named_modules(remove_duplicate=False):
-            for table, role in ((module._parameters, Role.PARAMETER), (module._buffers, Role.BUFFER)):
-                for key, value in list(table.items()):
-                    if value is None:
-                        continue
-                    if id(value) not in memo:
-                        memo[id(value)] = _fake_copy(value, mode, device, dtype)
-                        names[memo[id(value)]] = (f"{prefix}.{key}" if prefix else key, role)
-                    originals.append((table, key, value))
-                    table[key] = memo[id(value)]
-        yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER))
-    finally:
-        for table, key, value in reversed(originals):
-            table[key] = value
-
-
-def _fake_copy(t: torch.Tensor, mode: FakeTensorMode, device: torch.device,
-               dtype: torch.dtype | None) -> torch.Tensor:
-    meta = t if t.is_meta else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    if dtype is not None and (meta.is_floating_point() or meta.is_complex()):
-        meta = meta.to(dtype)
-    fake = to_fake(mode, meta.detach(), device)
-    if isinstance(t, nn.Parameter):
-        return nn.Parameter(fake, requires_grad=t.requires_grad)
-    return fake
-
-
-@contextlib.contextmanager
-def _module_tracking(model: nn.Module, recorder: Recorder) -> Iterator[None]:
-    """Keep ``recorder.module_stack`` equal to the path of the module running now."""
-    paths: dict[int, str] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        paths.setdefault(id(module), name)
-
-    def pre(module: nn.Module, args: Any) -> None:
-        recorder.module_stack.append(paths.get(id(module), type(module).__name__))
-
-    def post(module: nn.Module, args: Any, out: Any) -> None:
-        if recorder.module_stack:
-            recorder.module_stack.pop()
-
-    handles = [nn.modules.module.register_module_forward_pre_hook(pre),
-               nn.modules.module.register_module_forward_hook(post, always_call=True)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager
