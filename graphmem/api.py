@@ -91,24 +91,25 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
 
     Known limitations:
         Memory a kernel allocates internally without dispatching an op (workspaces) is not
-        seen unless a rule in ``graphmem.rules`` models it.  Values are never known: code that
-        branches on tensor values raises TraceError.  Ops whose meta kernels return other
-        strides than the real kernel can shift a gradient copy (seen: LSTM's mkldnn backward).
+        seen unless a rule in ``graphmem.rules`` models it (seen: the oneDNN workspace of LSTM
+        training on CPU).  Values are never known: reads of input-derived values are answered
+        from ``assume``; reads of anything computed from weights raise TraceError.  The CUDA
+        target is modelled from PyTorch's source, not yet measured on a GPU.
     """
     step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=tuple(checkpoint),
                       grad_accum=grad_accum)
-    if preset is not None and not inputs and generate is None:
-        inputs = get_preset(preset).example_input.split()  # the preset's own example batch
-    specs = _validate(inputs, mode, device, policy, step, allow_empty=generate is not None)
-    cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
-    if cuda is not None:
-        step = replace(step, optimizer_impl=_cuda_default_impl(step))
     if preset is not None:
         chosen = get_preset(preset)
         model = model or chosen.target
         hf_config = {**chosen.config, **(hf_config or {})}
         dtype = dtype or chosen.dtype
+        if not inputs and generate is None:
+            inputs = chosen.example_input.split()  # the preset's own example batch
+    specs = _validate(inputs, mode, device, policy, step, allow_empty=generate is not None)
+    cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
+    if cuda is not None:
+        step = replace(step, optimizer_impl=_cuda_default_impl(step))
     if model is None:
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     source = resolve_target(model) if isinstance(model, str) else model
@@ -121,7 +122,7 @@ def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], 
         trace = trace_step(module, inputs or specs, mode=m, step=config, device=device, dtype=dtype,
                            rules=table, cuda=kernels, assume=assume)
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
-        if cuda is None or kernels is None:
+        if cuda is None or kernels is None:  # (kernels exist exactly when cuda does)
             return report
         return replace(report, allocator=model_cuda_allocator(report, *cuda),
                        sdpa_backends=dict(kernels.backends))
