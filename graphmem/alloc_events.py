@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from graphmem.types import MemoryEvent
+from graphmem.types import MemoryEvent, OpRecord
 
-__all__ = ["ExtraAllocation", "per_step_peaks", "with_extra_allocations"]
+__all__ = ["ExtraAllocation", "per_step_peaks", "scratch_allocations", "with_extra_allocations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,12 @@ class ExtraAllocation:
     nbytes: int
     sid: int
     persistent: bool = False
+
+
+def scratch_allocations(ops: Iterable[OpRecord]) -> list[ExtraAllocation]:
+    """Each op's scratch bytes (from the rules) as an allocation freed when the op ends; sid
+    ``-1 - op index`` so it never collides with a storage id."""
+    return [ExtraAllocation(op.index, op.scratch_bytes, -1 - op.index) for op in ops if op.scratch_bytes]
 
 
 def with_extra_allocations(events: Iterable[MemoryEvent], extras: Iterable[ExtraAllocation]

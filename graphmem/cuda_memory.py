@@ -12,7 +12,7 @@ device thread (backward).  Source: aten/src/ATen/cuda/CublasHandlePool.cpp.
 from __future__ import annotations
 
 from graphmem.alloc_conf import AllocatorConfig
-from graphmem.alloc_events import ExtraAllocation, with_extra_allocations
+from graphmem.alloc_events import ExtraAllocation, scratch_allocations, with_extra_allocations
 from graphmem.allocator import AllocatorStats, replay
 from graphmem.gpus import GPU, cublas_workspace_bytes
 from graphmem.memory import memory_events
@@ -37,7 +37,7 @@ def model_cuda_allocator(report: ModeReport, gpu: GPU, config: AllocatorConfig,
         cublas_config: the CUBLAS_WORKSPACE_CONFIG value, or None for PyTorch's default.
     """
     ops = report.trace.ops
-    extras = [ExtraAllocation(op.index, op.scratch_bytes, -1 - op.index) for op in ops if op.scratch_bytes]
+    extras = scratch_allocations(ops)
     workspace = cublas_workspace_bytes(gpu, cublas_config)
     # one workspace per thread: the first cuBLAS op on the main thread, then in backward
     for i, threads in enumerate(({Phase.FORWARD, Phase.LOSS, Phase.OPTIMIZER}, {Phase.BACKWARD})):

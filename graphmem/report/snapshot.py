@@ -28,6 +28,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from graphmem.alloc_events import scratch_allocations, with_extra_allocations
 from graphmem.memory import memory_events
 from graphmem.report.modules import INPUTS, LOSS, ROOT, op_module, storage_module
 from graphmem.types import Category, MemoryEvent, ModeReport, StorageRecord
@@ -90,24 +91,7 @@ def _sequence(mode: ModeReport) -> list[MemoryEvent]:
     freed = {e.sid for e in events if e.kind == "free"}
     final = [MemoryEvent("free", life.sid, life.nbytes, last) for life in mode.lifetimes
              if life.sid in released and life.sid not in freed and life.end >= last]
-    return _with_scratch(mode, events) + final
-
-
-def _with_scratch(mode: ModeReport, events: tuple[MemoryEvent, ...]) -> list[MemoryEvent]:
-    allocs: dict[int, list[MemoryEvent]] = {}
-    frees: dict[int, list[MemoryEvent]] = {}
-    for event in events:
-        (allocs if event.kind == "alloc" else frees).setdefault(event.step, []).append(event)
-    out = list(allocs.get(-1, []))
-    # per op, as memory_events orders them: its allocations, its scratch, what is released after it
-    for op in mode.trace.ops:
-        out += allocs.get(op.index, [])
-        if op.scratch_bytes:
-            sid = -1 - op.index
-            out += [MemoryEvent("alloc", sid, op.scratch_bytes, op.index),
-                    MemoryEvent("free", sid, op.scratch_bytes, op.index)]
-        out += frees.get(op.index, [])
-    return out
+    return list(with_extra_allocations(events, scratch_allocations(mode.trace.ops))) + final
 
 
 def _scratch_frames(mode: ModeReport, step: int, root: str) -> list[Frame]:
