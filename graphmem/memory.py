@@ -9,23 +9,47 @@ rounding, no caching), so a storage of N bytes costs N bytes.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from itertools import accumulate
 
 from graphmem.types import Category, Lifetime, MemoryEvent, ModeReport, PeakInfo, Phase, PhasePeak, Trace
 
-__all__ = ["build_mode_report", "compute_timeline", "live_by_category", "memory_events"]
+__all__ = ["build_mode_report", "compute_timeline", "coverage", "live_by_category", "memory_events",
+           "reference_steps", "ReferenceSteps"]
 
 
-def compute_timeline(lifetimes: Iterable[Lifetime], trace: Trace) -> tuple[int, ...]:
-    """Live bytes after each op of ``trace`` (index i = after op i), scratch included."""
-    n = len(trace.ops)
-    delta = [0] * (n + 2)
+def coverage(lifetimes: Iterable[Lifetime], num_ops: int) -> list[int]:
+    """Bytes of ``lifetimes`` live after each of ``num_ops`` ops (no scratch)."""
+    delta = [0] * (num_ops + 2)
     # each lifetime adds its bytes from start to end; index shifted by one so start -1 fits
     for life in lifetimes:
         delta[life.start + 1] += life.nbytes
         delta[life.end + 2] -= life.nbytes
-    live = list(accumulate(delta))[1:n + 1]
-    return tuple(b + op.scratch_bytes for b, op in zip(live, trace.ops, strict=False))
+    return list(accumulate(delta))[1:num_ops + 1]
+
+
+def compute_timeline(lifetimes: Iterable[Lifetime], trace: Trace) -> tuple[int, ...]:
+    """Live bytes after each op of ``trace`` (index i = after op i), scratch included."""
+    live = coverage(lifetimes, len(trace.ops))
+    return tuple(b + op.scratch_bytes for b, op in zip(live, trace.ops, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceSteps:
+    """The op indices totals are taken at: ``end_of_loss`` (last op before the first
+    backward op), ``end_of_backward`` (last backward op; None without backward), ``end``."""
+
+    end_of_loss: int
+    end_of_backward: int | None
+    end: int
+
+
+def reference_steps(trace: Trace) -> ReferenceSteps:
+    """Where activations, gradients and optimizer state are counted in ``trace``."""
+    backward = [o.index for o in trace.ops if o.phase == Phase.BACKWARD]
+    end = len(trace.ops) - 1
+    return ReferenceSteps(end_of_loss=backward[0] - 1 if backward else end,
+                          end_of_backward=backward[-1] if backward else None, end=end)
 
 
 def live_by_category(lifetimes: Iterable[Lifetime], step: int, scratch_bytes: int = 0
@@ -53,8 +77,7 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
     timeline = compute_timeline(lifetimes, trace)
     step = max(range(len(timeline)), key=timeline.__getitem__)
     op = trace.ops[step]
-    end_of_loss = next((o.index - 1 for o in trace.ops if o.phase == Phase.BACKWARD), len(trace.ops) - 1)
-    last_backward = max((o.index for o in trace.ops if o.phase == Phase.BACKWARD), default=-1)
+    steps = reference_steps(trace)
     persistent = live_by_category(lifetimes, -1)
     return ModeReport(
         mode=trace.mode, optimizer=trace.optimizer, peak_bytes=timeline[step],
@@ -63,9 +86,10 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
         phases=_phase_peaks(trace, timeline), timeline=timeline,
         params_bytes=persistent[Category.PARAMETER], buffers_bytes=persistent[Category.BUFFER],
         inputs_bytes=sum(life.nbytes for life in lifetimes if life.category == Category.INPUT),
-        grads_bytes=live_by_category(lifetimes, last_backward)[Category.GRADIENT] if last_backward >= 0 else 0,
-        optimizer_state_bytes=live_by_category(lifetimes, len(trace.ops) - 1)[Category.OPTIMIZER_STATE],
-        activations_bytes=live_by_category(lifetimes, end_of_loss)[Category.ACTIVATION],
+        grads_bytes=(live_by_category(lifetimes, steps.end_of_backward)[Category.GRADIENT]
+                     if steps.end_of_backward is not None else 0),
+        optimizer_state_bytes=live_by_category(lifetimes, steps.end)[Category.OPTIMIZER_STATE],
+        activations_bytes=live_by_category(lifetimes, steps.end_of_loss)[Category.ACTIVATION],
         num_ops=len(trace.ops),
         unmodeled_ops=tuple(sorted({o.op for o in trace.ops} - set(modeled_ops))),
         trace=trace, lifetimes=lifetimes,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphmem.memory import reference_steps
 from graphmem.report.series import live_at
 from graphmem.types import Category, ModeReport, Phase, StorageRecord, Trace
 
@@ -28,7 +29,6 @@ __all__ = [
     "cut_module",
     "module_rows",
     "op_module",
-    "reference_steps",
     "storage_module",
     "top_tensors",
 ]
@@ -96,16 +96,6 @@ def storage_module(storage: StorageRecord, category: Category, trace: Trace) -> 
     return op_module(trace, storage.created) if storage.created >= 0 else ROOT
 
 
-def reference_steps(mode: ModeReport) -> dict[str, int | None]:
-    """The op indices the totals are taken at: ``end_of_loss`` (last op before the first
-    backward op), ``end_of_backward`` (last backward op; None without backward), ``end``."""
-    ops = mode.trace.ops
-    backward = [o.index for o in ops if o.phase == Phase.BACKWARD]
-    return {"end_of_loss": backward[0] - 1 if backward else len(ops) - 1,
-            "end_of_backward": backward[-1] if backward else None,
-            "end": len(ops) - 1}
-
-
 def module_rows(mode: ModeReport, depth: int = 2) -> tuple[ModuleRow, ...]:
     """One row per module cut at ``depth``, in order of first execution ((inputs) first).
 
@@ -117,13 +107,13 @@ def module_rows(mode: ModeReport, depth: int = 2) -> tuple[ModuleRow, ...]:
         Rows whose columns sum to ``params_bytes``, ``grads_bytes``,
         ``optimizer_state_bytes``, ``activations_bytes`` and ``peak_bytes``.  Bytes.
     """
-    steps = reference_steps(mode)
+    steps = reference_steps(mode.trace)
     storages = {s.sid: s for s in mode.trace.storages}
     peak = mode.peak.step
     # column -> (category it counts or None for all, the op index it is taken at)
-    columns = {"params": (Category.PARAMETER, -1), "grads": (Category.GRADIENT, steps["end_of_backward"]),
-               "optimizer_state": (Category.OPTIMIZER_STATE, steps["end"]),
-               "activations": (Category.ACTIVATION, steps["end_of_loss"]), "peak": (None, peak)}
+    columns = {"params": (Category.PARAMETER, -1), "grads": (Category.GRADIENT, steps.end_of_backward),
+               "optimizer_state": (Category.OPTIMIZER_STATE, steps.end),
+               "activations": (Category.ACTIVATION, steps.end_of_loss), "peak": (None, peak)}
     sums: dict[str, dict[str, int]] = {}
     for life in mode.lifetimes:
         key = cut_module(storage_module(storages[life.sid], life.category, mode.trace), depth)

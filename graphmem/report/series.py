@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise
+from itertools import pairwise
 
+from graphmem.memory import coverage
 from graphmem.types import Category, Lifetime, MemoryReport, ModeReport, OpRecord
 
 __all__ = ["PhaseSpan", "bucket_peaks", "category_timelines", "drawn_mode", "live_at", "phase_spans"]
@@ -53,12 +54,7 @@ def category_timelines(mode: ModeReport) -> dict[Category, tuple[int, ...]]:
     """Live bytes after each op, per category (every category present); the op's scratch
     bytes count as temporaries.  Summed over categories this is ``mode.timeline``."""
     n = len(mode.trace.ops)
-    deltas = {c: [0] * (n + 2) for c in Category}
-    # each lifetime adds its bytes from start to end; shifted by one so start -1 fits
-    for life in mode.lifetimes:
-        deltas[life.category][life.start + 1] += life.nbytes
-        deltas[life.category][life.end + 2] -= life.nbytes
-    series = {c: list(accumulate(d))[1:n + 1] for c, d in deltas.items()}
+    series = {c: coverage([life for life in mode.lifetimes if life.category == c], n) for c in Category}
     for op in mode.trace.ops:
         series[Category.TEMPORARY][op.index] += op.scratch_bytes
     return {c: tuple(values) for c, values in series.items()}
