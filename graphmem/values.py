@@ -17,13 +17,13 @@ activations cannot be answered and stop the analysis with a clear message.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import unset_fake_temporarily
 from graphmem.errors import UserInputError
@@ -69,32 +69,11 @@ def _make(kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
     return torch.full(shape, int(kind), dtype=dtype)
 
 
-class _WeakById:
-    """tensor -> value, holding the tensor weakly; an entry of a dead tensor is never returned."""
-
-    def __init__(self) -> None:
-        self._data: dict[int, tuple[weakref.ref[torch.Tensor], _Shadow]] = {}
-
-    def get(self, t: torch.Tensor) -> _Shadow | None:
-        entry = self._data.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
-
-    def __getitem__(self, t: torch.Tensor) -> _Shadow:
-        value = self.get(t)
-        assert value is not None, "_WeakById: no shadow for this tensor"
-        return value
-
-    def __setitem__(self, t: torch.Tensor, value: _Shadow) -> None:
-        if len(self._data) > 4096:  # drop the entries of dead tensors now and then
-            self._data = {k: e for k, e in self._data.items() if e[0]() is not None}
-        self._data[id(t)] = (weakref.ref(t), value)
-
-
 class Shadows:
     """Real values riding along fake tensors that derive only from assumed inputs."""
 
     def __init__(self) -> None:
-        self._shadows = _WeakById()
+        self._shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake tensor -> _Shadow
         self.used: set[str] = set()  # assumptions an answer depended on
 
     def assume(self, fake: torch.Tensor, name: str, kind: str) -> None:
