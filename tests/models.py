@@ -81,6 +81,28 @@ class CheckpointedMLP(nn.Module):
         return self.head(x)
 
 
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+class NestedNet(nn.Module):
+    """blocks.0 (fc, act), blocks.1 (fc, act), head: Linear(4,4) x2 and Linear(4,2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(_Block(), _Block())
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
 def bf16_mlp() -> nn.Module:
     return MLP((256, 512, 10)).to(torch.bfloat16)
 

@@ -19,6 +19,7 @@ from graphmem.report import write_dot
 from graphmem.report.dot import AUTO_COLLAPSE_NODES, to_dot
 from graphmem.types import MemoryReport
 from tests.conftest import ROOT
+from tests.models import NestedNet as Net
 
 pytest.importorskip("pydot", reason="pydot is not installed (pip install 'graphmem[viz]')")
 # pydot's parser still calls pyparsing's old names
@@ -77,24 +78,6 @@ def test_saved_for_backward_edges_are_dashed(linear: MemoryReport, tmp_path: Pat
     assert ("in_weight", "op0") in solid and ("op0", "op1") in solid  # t(weight) -> addmm
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.act = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.fc(x))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(Block(), Block())
-        self.head = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(x))
 
 
 @pytest.mark.parametrize("depth, nodes", [

@@ -9,36 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from torch import nn
 
 import graphmem
 from graphmem.report import RENDERERS, module_rows, top_tensors
 from graphmem.report.series import bucket_peaks, category_timelines, phase_spans
 from graphmem.report.sparkline import BLOCKS, render_sparkline, sparkline
 from graphmem.types import MemoryReport, OpRecord, Phase
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.act = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.fc(x))
-
-
-class Net(nn.Module):
-    """blocks.0 (fc, act), blocks.1 (fc, act), head: Linear(4,4) x2 and Linear(4,2)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(Block(), Block())
-        self.head = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(x))
+from tests.models import NestedNet as Net
 
 
 @pytest.fixture(scope="module")
