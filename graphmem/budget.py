@@ -19,13 +19,11 @@ from fractions import Fraction
 
 from graphmem.errors import UserInputError
 from graphmem.gpus import GPU
+from graphmem.spec import BINARY_UNITS
 
 __all__ = ["BUDGET_UNITS", "Budget", "BudgetAmount", "parse_budget", "parse_margin", "resolve_budget"]
 
-BUDGET_UNITS: dict[str, int] = {
-    "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-}
+BUDGET_UNITS: dict[str, int] = {**BINARY_UNITS, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNIT_BY_LOWER = {name.lower(): factor for name, factor in BUDGET_UNITS.items()}
 _AMOUNT_RE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[A-Za-z%]*)\s*$")
 _BUDGET_HINT = ("expected bytes with a unit (123456B, 512MiB, 80GiB, 80GB) or, with --gpu, a fraction "

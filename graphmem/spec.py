@@ -13,7 +13,7 @@ import torch
 
 from graphmem.errors import UserInputError
 
-__all__ = ["InputSpec", "parse_input_spec", "parse_dtype", "DTYPE_ALIASES", "MODEL_DTYPES"]
+__all__ = ["BINARY_UNITS", "InputSpec", "parse_input_spec", "parse_dtype", "DTYPE_ALIASES", "MODEL_DTYPES"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
 DTYPE_ALIASES: dict[str, torch.dtype] = {
@@ -28,6 +28,9 @@ DTYPE_ALIASES: dict[str, torch.dtype] = {
     "bool": torch.bool,
     "complex64": torch.complex64, "cfloat": torch.complex64,
 }
+
+# Binary byte units, shared by the renderers (report.units) and budget parsing (budget).
+BINARY_UNITS: dict[str, int] = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 # The dtypes a whole model may be converted to with ``--dtype``.
 MODEL_DTYPES = ("float32", "bfloat16", "float16")

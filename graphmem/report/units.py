@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from graphmem.spec import BINARY_UNITS
+
 __all__ = ["UNITS", "format_bytes"]
 
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+UNITS = BINARY_UNITS
 
 
 def format_bytes(n: int, units: str = "auto") -> str:
