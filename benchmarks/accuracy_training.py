@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import graphmem
-from graphmem.step import OPTIMIZERS
+from graphmem.job.step import OPTIMIZERS
 from tests.models import ZOO
 from tests.oracles import measure_training, real_inputs
 

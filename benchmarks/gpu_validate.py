@@ -39,9 +39,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import graphmem
-from graphmem.alloc_conf import parse_alloc_conf
-from graphmem.allocator import replay
-from graphmem.types import MemoryEvent
+from graphmem.cuda.alloc_conf import parse_alloc_conf
+from graphmem.cuda.allocator import MemoryEvent, replay
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, real_inputs
 

@@ -25,7 +25,7 @@ from mlp import MLP
 from simplenet import SimpleNet
 
 import graphmem
-from graphmem.plan_model import pruned_factory
+from graphmem.preflight.model_facts import pruned_factory
 
 MODELS: dict[str, tuple[Any, list[str], str]] = {
     "MLP 1000-500-100, batch 32 (Russian seed)": (MLP, ["32x1000"], "sum"),

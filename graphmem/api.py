@@ -1,4 +1,4 @@
-"""analyze(): the stages in order — load, trace, liveness, memory model — nothing else."""
+"""analyze(): the stages in order — job, load, trace, liveness, memory model — nothing else."""
 
 from __future__ import annotations
 
@@ -10,138 +10,107 @@ from typing import Any
 
 import torch
 
-from graphmem.alloc_conf import AllocatorConfig, parse_alloc_conf
-from graphmem.cuda import SDPA_CHOICES, CudaKernels
-from graphmem.cuda_memory import model_cuda_allocator
+from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
+from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.errors import UserInputError
-from graphmem.generate import GenerateSpec, parse_generate
-from graphmem.gpus import GPU, get_gpu
-from graphmem.liveness import POLICIES, compute_lifetimes
-from graphmem.load import ModelSource, build_model, resolve_target
-from graphmem.memory import build_mode_report
-from graphmem.presets import get_preset
-from graphmem.rules import Rule, rules_for
-from graphmem.spec import InputSpec, parse_input_spec
-from graphmem.step import StepConfig, resolve_optimizer
-from graphmem.trace import trace_step
-from graphmem.types import GenerateReport, MemoryReport, ModeReport, Phase
+from graphmem.job.job import Job, make_job
+from graphmem.job.load import ModelSource, build_model, resolve_target
+from graphmem.job.spec import GenerateSpec, InputSpec, input_symbol, parse_input_spec, validate_inputs
+from graphmem.job.step import StepConfig, resolve_optimizer
+from graphmem.memory.cuda_replay import model_cuda_allocator
+from graphmem.memory.liveness import POLICIES, compute_lifetimes
+from graphmem.memory.mode_report import build_mode_report
+from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport
+from graphmem.trace.cuda_kernels import CudaKernels
+from graphmem.trace.records import Phase
+from graphmem.trace.rules import Rule, rules_for
+from graphmem.trace.tracer import trace_step
 
-__all__ = ["analyze", "ANALYSIS_MODES", "DEVICES"]
-
-ANALYSIS_MODES = ("both", "train", "inference")
-DEVICES = ("cpu", "cuda")
+__all__ = ["analyze"]
 
 
-def analyze(model: str | ModelSource | None, inputs: Sequence[InputSpec | str], *,
-            mode: str = "both", optimizer: str = "adam", loss: str = "auto",
-            device: str = "cpu", dtype: torch.dtype | None = None,
-            kwargs: Mapping[str, Any] | None = None,
-            rules: Mapping[torch._ops.OpOverload, Rule] | None = None,
-            policy: str = "observed", optimizer_kwargs: Mapping[str, Any] | None = None,
-            optimizer_impl: str = "auto", amp: str | None = None,
-            checkpoint: Sequence[str] = (), grad_accum: int = 1, gpu: str = "h100-80gb",
-            sdpa: str = "auto", alloc_conf: str | None = None,
-            assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
-            preset: str | None = None, generate: str | None = None, batch: int = 1) -> MemoryReport:
+def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSpec | str] | InputSpec | str = (),
+            *, rules: Mapping[torch._ops.OpOverload, Rule] | None = None, policy: str = "observed",
+            **keywords: Any) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
-        model: ``"pkg.module:Attr"`` / ``"file.py:Attr"``, an nn.Module class, a factory
-            returning an nn.Module, or an nn.Module instance (left untouched); None with
-            ``preset``.
+        job: a ``graphmem.Job``, or the model (``"pkg.module:Attr"`` / ``"file.py:Attr"``, an
+            nn.Module class, a factory returning one, or an nn.Module instance, left
+            untouched); None with ``preset=``.
         inputs: example inputs as ``InputSpec`` or ``"[NAME=]DIMS[:DTYPE]"`` strings.
-        mode: ``"both"``, ``"train"`` or ``"inference"``.
-        optimizer: a name from ``graphmem.step.OPTIMIZER_CHOICES`` (every torch.optim
-            optimizer, bitsandbytes 8-bit ones by formula, ``none``) or ``pkg.module:Class``.
-        loss: ``auto``, ``sum``, ``mean``, ``cross_entropy`` or ``nll`` (train only).
-        device: target device; ``"cpu"``: bytes as PyTorch's CPU execution allocates them;
-            ``"cuda"``: CUDA's kernel choices, and the caching allocator's allocated and
-            reserved peaks (``ModeReport.allocator``).
-        dtype: convert the model's floating parameters and buffers (``model.to(dtype)``).
-        kwargs: keyword arguments for the model class or factory.
-        rules: extra per-op scratch rules, overriding the registry's for ``device``.
-        policy: storage release policy, ``"observed"`` or ``"last_use"`` (see liveness).
-        optimizer_kwargs: extra keyword arguments for the optimizer.
-        optimizer_impl: ``auto`` (PyTorch's choice for the device), ``for-loop``,
-            ``foreach`` or ``fused``.
-        amp: None, ``"bf16"`` or ``"fp16"``: torch.autocast for the device around forward
-            and loss; fp16 adds a torch.amp.GradScaler.
-        checkpoint: module class names to run under non-reentrant activation
-            checkpointing; the report then also holds the training peak without it.
-        grad_accum: forward/backward micro-steps per optimizer step.
-        gpu: CUDA target: a preset name from ``graphmem.gpus.GPUS``.
-        sdpa: CUDA target: attention backend, ``auto`` (PyTorch's choice), ``flash``,
-            ``efficient``, ``cudnn`` or ``math``.
-        alloc_conf: CUDA target: a PYTORCH_CUDA_ALLOC_CONF string; None reads the
-            environment variable.
-        hf_config: for a transformers model class: config values (a config.json's
-            contents, see graphmem.load.load_hf_config); no download ever happens.
-        preset: a name from graphmem.presets.PRESETS: the transformers class and config
-            of a well-known model (``model`` may then be None); its published dtype is the
-            default ``dtype``.
-        generate: ``"P+N"``: instead of ``mode``, inference with a KV cache: the prefill of a
-            P-token prompt and the last of N decode steps (graphmem.generate); ``inputs`` may
-            then be empty.
-        batch: sequences generated at once, with ``generate``.
-        assume: input name -> value (``ones``, ``zeros``, ``arange`` or an integer) used to
-            answer reads of input-derived values (``if mask.all()``); see graphmem.values.
+        rules: extra per-op scratch rules, overriding the registry's for the device.
+        policy: storage release policy, ``"observed"`` or ``"last_use"`` (see
+            graphmem.memory.liveness).
+        **keywords: the job's other settings, as ``graphmem.make_job`` takes them: ``mode``
+            (both, train, inference), ``optimizer`` (every torch.optim optimizer by name,
+            bitsandbytes 8-bit ones by formula, ``none``, or ``pkg.module:Class``),
+            ``optimizer_kwargs``, ``optimizer_impl`` (auto, for-loop, foreach, fused), ``loss``
+            (auto, sum, mean, cross_entropy, nll), ``amp`` (bf16, fp16: torch.autocast, fp16
+            with a GradScaler), ``checkpoint`` (module classes run under non-reentrant
+            activation checkpointing; the report then also holds the peak without it),
+            ``grad_accum``, ``dtype`` (``model.to(dtype)``), ``kwargs`` (for the model class or
+            factory), ``device`` (cpu: bytes as PyTorch's CPU execution allocates them; cuda:
+            CUDA's kernel choices and the caching allocator's allocated and reserved peaks,
+            ``ModeReport.allocator``), ``gpu``, ``sdpa``, ``alloc_conf``, ``hf_config``,
+            ``preset``, ``generate`` (``"P+N"`` with ``batch``: inference with a KV cache),
+            ``assume`` (input name -> ones, zeros, arange or an integer, for reads of
+            input-derived values).  With a Job, keywords change it (``Job.updated``).
 
     Returns:
         A MemoryReport; ``inference`` / ``train`` are None when not asked for.  Sizes in bytes.
 
     Known limitations:
         Memory a kernel allocates internally without dispatching an op (workspaces) is not
-        seen unless a rule in ``graphmem.rules`` models it (seen: the oneDNN workspace of LSTM
-        training on CPU).  Values are never known: reads of input-derived values are answered
-        from ``assume``; reads of anything computed from weights raise TraceError.  The CUDA
-        target is modelled from PyTorch's source, not yet measured on a GPU.
+        seen unless a rule in ``graphmem.trace.rules`` models it (seen: the oneDNN workspace of
+        LSTM training on CPU).  Values are never known: reads of input-derived values are
+        answered from ``assume``; reads of anything computed from weights raise TraceError.
+        The CUDA target is modelled from PyTorch's source, not yet measured on a GPU.
     """
-    step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
-                      optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=tuple(checkpoint),
-                      grad_accum=grad_accum)
-    if preset is not None:
-        chosen = get_preset(preset)
-        model = model or chosen.target
-        hf_config = {**chosen.config, **(hf_config or {})}
-        dtype = dtype or chosen.dtype
-        if not inputs and generate is None:
-            inputs = chosen.example_input.split()  # the preset's own example batch
-    specs = _validate(inputs, mode, device, policy, step, allow_empty=generate is not None)
-    cuda = _cuda_target(device, gpu, sdpa, alloc_conf)
+    if not isinstance(job, Job):
+        job = make_job(job, inputs, **keywords)
+    elif inputs or keywords:
+        job = job.updated(**({"inputs": inputs} if inputs else {}), **keywords)
+    if policy not in POLICIES:
+        raise UserInputError(f"unknown policy {policy!r}; expected one of: {', '.join(POLICIES)}")
+    job = job.with_preset()
+    if not job.inputs and job.generate is None:
+        raise UserInputError("no input given; pass at least one --input such as 32x1000")
+    if input_symbol(job.inputs) is not None:
+        validate_inputs(job.inputs, symbolic=False)
+    step, cuda = job.step, _cuda_target(job)
     if cuda is not None:
         step = replace(step, optimizer_impl=_cuda_default_impl(step))
-    if model is None:
+    if job.model is None:
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
-    source = resolve_target(model) if isinstance(model, str) else model
-    module = build_model(source, kwargs, hf_config)
-    table = rules_for(device, rules)
+    source = resolve_target(job.model) if isinstance(job.model, str) else job.model
+    module = build_model(source, job.model_kwargs, job.hf_config)
+    table = rules_for(job.device, rules)
     modeled = {str(op) for op in table.scratch}
+    specs = [parse_input_spec(text) for text in job.inputs]
 
     def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
-        kernels = CudaKernels(cuda[0], sdpa) if cuda else None
-        trace = trace_step(module, inputs or specs, mode=m, step=config, device=device, dtype=dtype,
-                           rules=table, cuda=kernels, assume=assume)
+        kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
+        trace = trace_step(module, inputs or specs, mode=m, step=config, device=job.device, dtype=job.dtype,
+                           rules=table, cuda=kernels, assume=job.assume)
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
         if cuda is None or kernels is None:  # (kernels exist exactly when cuda does)
             return report
         return replace(report, allocator=model_cuda_allocator(report, *cuda),
                        sdpa_backends=dict(kernels.backends))
 
-    if generate is not None:
-        gen = parse_generate(generate, batch)
-        return MemoryReport(target=_name(model, preset), device=device, inputs=(f"generate {generate} x {batch}",),
-                            inference=None, train=None, gpu=cuda[0] if cuda else None,
+    gpu = cuda[0] if cuda else None
+    if job.generate is not None:
+        gen = job.generate
+        return MemoryReport(target=job.target_name, device=job.device,
+                            inputs=(f"generate {gen.prompt}+{gen.new} x {gen.batch}",),
+                            inference=None, train=None, gpu=gpu,
                             generate=_generation(gen, lambda m, s: run(m, step, s)))
-    inference = run("inference", step) if mode in ("inference", "both") else None
-    train = run("train", step) if mode in ("train", "both") else None
+    inference = run("inference", step) if job.mode in ("inference", "both") else None
+    train = run("train", step) if job.mode in ("train", "both") else None
     baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
-    return MemoryReport(target=_name(model, preset), device=device, inputs=tuple(str(s) for s in specs),
-                        inference=inference, train=train, train_without_checkpoint=baseline,
-                        gpu=cuda[0] if cuda else None)
-
-
-def _name(model: Any, preset: str | None) -> str:
-    return str(preset or (model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)))
+    return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
+                        inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu)
 
 
 def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:
@@ -156,15 +125,12 @@ def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeRep
                           kv_cache_bytes=decode.trace.kv_cache_bytes, prefill=prefill, decode=decode)
 
 
-def _cuda_target(device: str, gpu: str, sdpa: str, alloc_conf: str | None
-                 ) -> tuple[GPU, AllocatorConfig] | None:
-    """The GPU preset and allocator settings of a CUDA target (None for cpu), validated."""
-    if device != "cuda":
+def _cuda_target(job: Job) -> tuple[GPU, AllocatorConfig] | None:
+    """The GPU preset and allocator settings of a CUDA target (None for cpu)."""
+    if job.device != "cuda":
         return None
-    if sdpa not in SDPA_CHOICES:
-        raise UserInputError(f"unknown sdpa backend {sdpa!r}; expected one of: {', '.join(SDPA_CHOICES)}")
-    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
-    return get_gpu(gpu), parse_alloc_conf(text)
+    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if job.alloc_conf is None else job.alloc_conf
+    return get_gpu(job.gpu), parse_alloc_conf(text)
 
 
 def _cuda_default_impl(step: StepConfig) -> str:
@@ -173,19 +139,3 @@ def _cuda_default_impl(step: StepConfig) -> str:
         return step.optimizer_impl
     cls, _ = resolve_optimizer(step.optimizer)
     return "foreach" if "foreach" in inspect.signature(cls.__init__).parameters else "auto"
-
-
-def _validate(inputs: Sequence[InputSpec | str], mode: str, device: str, policy: str,
-              step: StepConfig, allow_empty: bool = False) -> list[InputSpec]:
-    """Check every option before anything is imported or traced."""
-    step.validate()
-    for value, choices, what in ((mode, ANALYSIS_MODES, "mode"), (device, DEVICES, "device"),
-                                 (policy, POLICIES, "policy")):
-        if value not in choices:
-            raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")
-    if isinstance(inputs, (str, InputSpec)):
-        inputs = [inputs]
-    specs = [s if isinstance(s, InputSpec) else parse_input_spec(s) for s in inputs]
-    if not specs and not allow_empty:
-        raise UserInputError("no input given; pass at least one --input such as 32x1000")
-    return specs

@@ -1,10 +1,16 @@
-"""Stage 4: renderers.  ``RENDERERS`` maps each ``--format`` name to its function; the
-pictures (timeline, memory_viz snapshot, DOT graph) are written by their own modules."""
+"""Stage 6, report: renderers only.
+
+Input: a ``MemoryReport`` (and the pre-flight answers).  Output: text, JSON and pictures.
+``RENDERERS`` maps each ``--format`` name to its function; the pictures (timeline,
+memory_viz snapshot, DOT graph) are written by their own modules.  Never analyses, never
+parses the command line.
+"""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from graphmem.memory.results import MemoryReport
 from graphmem.report.dot import COLLAPSE_CHOICES, DOT_FORMATS, write_dot
 from graphmem.report.files import check_output_path, write_files
 from graphmem.report.json import render_json, report_to_dict
@@ -13,8 +19,7 @@ from graphmem.report.series import drawn_mode
 from graphmem.report.snapshot import build_snapshot, write_snapshot
 from graphmem.report.table import render_table
 from graphmem.report.timeline import TIMELINE_FORMATS, write_timeline
-from graphmem.report.units import UNITS, format_bytes
-from graphmem.types import MemoryReport
+from graphmem.units import UNITS, format_bytes
 
 __all__ = [
     "COLLAPSE_CHOICES",

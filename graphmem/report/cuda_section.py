@@ -7,8 +7,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from graphmem.gpus import nvidia_smi_estimate
-from graphmem.types import MemoryReport, ModeReport
+from graphmem.cuda.gpus import nvidia_smi_estimate
+from graphmem.memory.results import MemoryReport, ModeReport
 
 __all__ = ["cuda_table", "cuda_json"]
 

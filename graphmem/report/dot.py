@@ -28,10 +28,11 @@ import networkx as nx
 import torch
 
 from graphmem.errors import UserInputError
+from graphmem.memory.results import ModeReport
 from graphmem.report.modules import cut_module, module_rows, op_module, storage_module
 from graphmem.report.series import live_at
-from graphmem.report.units import format_bytes
-from graphmem.types import ModeReport, Phase, Role, StorageRecord, Trace
+from graphmem.trace.records import Phase, Role, StorageRecord, Trace
+from graphmem.units import format_bytes
 
 __all__ = [
     "AUTO_COLLAPSE_NODES",

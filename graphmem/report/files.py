@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphmem.errors import UserInputError
+from graphmem.memory.results import MemoryReport
 from graphmem.report.dot import COLLAPSE_CHOICES, DOT_FORMATS, require_pydot, write_dot
 from graphmem.report.series import drawn_mode
 from graphmem.report.snapshot import write_snapshot
 from graphmem.report.timeline import TIMELINE_FORMATS, require_matplotlib, write_timeline
-from graphmem.types import MemoryReport
 
 __all__ = ["OUTPUT_FORMATS", "check_output_path", "picture_title", "write_files"]
 

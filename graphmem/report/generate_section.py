@@ -7,8 +7,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from graphmem.memory.results import GenerateReport, MemoryReport
 from graphmem.report.cuda_section import cuda_json
-from graphmem.types import GenerateReport, MemoryReport
 
 __all__ = ["generate_table", "generate_json"]
 

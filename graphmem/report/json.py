@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from graphmem.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_json
 from graphmem.report.generate_section import generate_json
 from graphmem.report.modules import module_rows, top_tensors
-from graphmem.types import MemoryReport, ModeReport
 
 __all__ = ["report_to_dict", "render_json", "SCHEMA_VERSION"]
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
+from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.report.modules import ROOT, ModuleRow, TopTensor, module_rows, top_tensors
 from graphmem.report.series import drawn_mode
 from graphmem.report.sparkline import render_sparkline
-from graphmem.report.units import format_bytes
-from graphmem.types import MemoryReport, ModeReport
+from graphmem.units import format_bytes
 
 __all__ = ["module_table", "render_module_sections", "top_tensor_table"]
 

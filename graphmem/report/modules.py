@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphmem.memory import reference_steps
+from graphmem.memory.mode_report import reference_steps
+from graphmem.memory.results import Category, ModeReport
 from graphmem.report.series import live_at
-from graphmem.types import Category, ModeReport, Phase, StorageRecord, Trace
+from graphmem.trace.records import Phase, StorageRecord, Trace
 
 __all__ = [
     "INPUTS",

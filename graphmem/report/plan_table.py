@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.report.preflight_text import Context
-from graphmem.report.units import format_bytes
+from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
-    from graphmem.plan import Plan
-    from graphmem.plan_rows import PlanRow
+    from graphmem.preflight.plan import Plan
+    from graphmem.preflight.rows import PlanRow
 
 __all__ = ["PLAN_RENDERERS", "plan_to_dict", "render_plan_json", "render_plan_table"]
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from graphmem.report.units import format_bytes
+from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
-    from graphmem.budget import Budget
-    from graphmem.preflight import CheckResult, SearchResult
+    from graphmem.preflight.budget import Budget
+    from graphmem.preflight.check import CheckResult, SearchResult
 
 __all__ = [
     "CHECK_RENDERERS",

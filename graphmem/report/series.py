@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from graphmem.memory import coverage
-from graphmem.types import Category, Lifetime, MemoryReport, ModeReport, OpRecord
+from graphmem.memory.mode_report import coverage
+from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport
+from graphmem.trace.records import OpRecord
 
 __all__ = ["PhaseSpan", "bucket_peaks", "category_timelines", "drawn_mode", "live_at", "phase_spans"]
 

@@ -28,10 +28,12 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from graphmem.alloc_events import scratch_allocations, with_extra_allocations
-from graphmem.memory import memory_events
+from graphmem.cuda.allocator import MemoryEvent
+from graphmem.memory.alloc_events import scratch_allocations, with_extra_allocations
+from graphmem.memory.mode_report import memory_events
+from graphmem.memory.results import Category, ModeReport
 from graphmem.report.modules import INPUTS, LOSS, ROOT, op_module, storage_module
-from graphmem.types import Category, MemoryEvent, ModeReport, StorageRecord
+from graphmem.trace.records import StorageRecord
 
 __all__ = ["ALIGNMENT", "BASE_ADDRESS", "build_snapshot", "storage_frames", "write_snapshot"]
 

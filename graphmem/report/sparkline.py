@@ -8,9 +8,9 @@ iteration), and a caret under the column of the peak.
 
 from __future__ import annotations
 
+from graphmem.memory.results import ModeReport
 from graphmem.report.series import bucket_peaks
-from graphmem.report.units import format_bytes
-from graphmem.types import ModeReport
+from graphmem.units import format_bytes
 
 __all__ = ["BLOCKS", "PHASE_LETTERS", "render_sparkline", "sparkline"]
 

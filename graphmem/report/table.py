@@ -6,12 +6,13 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from graphmem.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_table
 from graphmem.report.generate_section import generate_table
 from graphmem.report.module_table import render_module_sections
-from graphmem.report.units import format_bytes
-from graphmem.types import Category, MemoryReport, ModeReport, Phase
+from graphmem.trace.records import Phase
+from graphmem.units import format_bytes
 
 __all__ = ["render_table", "module_label"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphmem.errors import UserInputError
+from graphmem.memory.results import Category, ModeReport
 from graphmem.report.modules import ROOT, op_module
 from graphmem.report.series import PhaseSpan, bucket_peaks, category_timelines, phase_spans
-from graphmem.report.units import UNITS, format_bytes
-from graphmem.types import Category, ModeReport
+from graphmem.units import UNITS, format_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

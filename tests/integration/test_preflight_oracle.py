@@ -15,10 +15,11 @@ from click.testing import CliRunner
 from torch import nn
 from torch.nn.utils import prune
 
-from graphmem.budget import Budget
 from graphmem.cli import main
-from graphmem.plan import Plan, make_plan
-from graphmem.preflight import Job, search_largest
+from graphmem.job import make_job
+from graphmem.preflight.budget import Budget
+from graphmem.preflight.check import search_largest
+from graphmem.preflight.plan import Plan, make_plan
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs
 
@@ -113,7 +114,7 @@ def test_max_batch_fits_for_real_at_n_and_not_at_n_plus_1(name: str, template: s
     model = MODELS[name]
     at = {b: _measure_train(model, [template.replace("B", str(b))]) for b in (9, 10)}
     budget = Budget((at[9] + at[10]) // 2, Fraction(0), "between the measured peaks at 9 and 10")
-    result = search_largest(Job(model.build, (template,), "train", {"loss": model.loss}), budget)
+    result = search_largest(make_job(model.build, (template,), mode="train", loss=model.loss), budget)
     n = result.max_value
     real_n, real_next = (at[b] if b in at else _measure_train(model, [template.replace("B", str(b))])
                          for b in (n, n + 1))
@@ -129,7 +130,7 @@ def test_max_batch_fits_for_real_at_n_and_not_at_n_plus_1(name: str, template: s
 def _plan(name: str, spec: str, mode: str, share: float) -> tuple[Plan, int]:
     """The plan at ``share`` of the measured baseline peak (cached: several tests read it)."""
     model = MODELS[name]
-    job = Job(model.build, (spec,), mode, {"loss": model.loss, "optimizer": "adam"})
+    job = make_job(model.build, (spec,), mode=mode, loss=model.loss, optimizer="adam")
     if mode == "train":
         base = _measure_train(model, [spec])
     else:

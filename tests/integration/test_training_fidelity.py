@@ -11,8 +11,8 @@ import torch
 
 import graphmem
 from graphmem.errors import UnsupportedError, UserInputError
-from graphmem.optim_formula import eight_bit_state_bytes
-from graphmem.step import OPTIMIZERS
+from graphmem.job.optim_formula import eight_bit_state_bytes
+from graphmem.job.step import OPTIMIZERS
 from tests.models import ZOO, ZooModel
 from tests.oracles import measure_training, real_inputs
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import graphmem
+from graphmem.memory.results import MemoryReport
 from graphmem.report import build_snapshot, module_rows, top_tensors
-from graphmem.types import MemoryReport
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, LiveStorages, real_inputs
 

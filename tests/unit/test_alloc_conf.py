@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from graphmem.alloc_conf import AllocatorConfig, parse_alloc_conf
+from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.errors import UnsupportedError, UserInputError
 
 MiB = 1 << 20

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from graphmem.alloc_events import ExtraAllocation, per_step_peaks, with_extra_allocations
-from graphmem.allocator import replay
-from graphmem.types import MemoryEvent
+from graphmem.cuda.allocator import MemoryEvent, replay
+from graphmem.memory.alloc_events import ExtraAllocation, per_step_peaks, with_extra_allocations
 
 MiB = 1 << 20
 

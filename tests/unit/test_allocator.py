@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from graphmem.alloc_conf import AllocatorConfig, parse_alloc_conf
-from graphmem.allocator import replay, round_size
+from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
+from graphmem.cuda.allocator import MemoryEvent, replay, round_size
 from graphmem.errors import UserInputError
-from graphmem.memory import memory_events
-from graphmem.types import Category, Lifetime, MemoryEvent
+from graphmem.memory.mode_report import memory_events
+from graphmem.memory.results import Category, Lifetime
 
 MiB = 1 << 20
 DEFAULT = AllocatorConfig()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from graphmem.cuda.gpus import GPUS, cublas_workspace_bytes, get_gpu, nvidia_smi_estimate
 from graphmem.errors import UserInputError
-from graphmem.gpus import GPUS, cublas_workspace_bytes, get_gpu, nvidia_smi_estimate
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from graphmem.errors import UserInputError
-from graphmem.load import build_model, resolve_target
+from graphmem.job.load import build_model, resolve_target
 from tests.conftest import ROOT
 
 SOURCE = """

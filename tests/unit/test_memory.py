@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from graphmem.liveness import compute_lifetimes
-from graphmem.memory import build_mode_report, compute_timeline
-from graphmem.types import Category, OpRecord, Phase, Role, StorageRecord, Trace
+from graphmem.memory.liveness import compute_lifetimes
+from graphmem.memory.mode_report import build_mode_report, compute_timeline
+from graphmem.memory.results import Category
+from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
 
 
 def _op(i: int, phase: Phase, scratch: int = 0) -> OpRecord:
@@ -67,7 +68,7 @@ def test_last_use_policy_frees_temporaries_early() -> None:
 
 
 def test_events_replay_to_the_timeline() -> None:
-    from graphmem.memory import memory_events
+    from graphmem.memory.mode_report import memory_events
 
     trace = _trace()
     lifetimes = compute_lifetimes(trace)

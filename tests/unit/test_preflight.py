@@ -13,13 +13,15 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from graphmem.budget import Budget, parse_budget, parse_margin, resolve_budget
 from graphmem.cli import main
+from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import UserInputError
-from graphmem.gpus import get_gpu
-from graphmem.plan import rank_rows
-from graphmem.plan_explain import explain
-from graphmem.plan_formulas import (
+from graphmem.job.spec import input_symbol, substitute, validate_inputs
+from graphmem.memory.results import Category, Lifetime
+from graphmem.preflight.budget import Budget, parse_budget, parse_margin, resolve_budget
+from graphmem.preflight.check import find_largest_fit, fit_line
+from graphmem.preflight.explain import explain
+from graphmem.preflight.formulas import (
     csr_break_even_density,
     csr_bytes,
     int4_weight_bytes,
@@ -28,10 +30,10 @@ from graphmem.plan_formulas import (
     scaled_peak,
     zero_scaling,
 )
-from graphmem.plan_model import block_classes, model_facts
-from graphmem.plan_rows import PlanRow, batch_templates
-from graphmem.preflight import find_largest_fit, fit_line, input_symbol, substitute, validate_inputs
-from graphmem.types import Category, Lifetime, Phase
+from graphmem.preflight.model_facts import block_classes, model_facts
+from graphmem.preflight.plan import rank_rows
+from graphmem.preflight.rows import PlanRow, batch_templates
+from graphmem.trace.records import Phase
 from tests.conftest import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"
@@ -266,7 +268,7 @@ def test_check_maps_bugs_to_3_not_1(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("graphmem.cli.check", broken)
+    monkeypatch.setattr("graphmem.cli.commands.check", broken)
     result = run("check", MLP, "--input", "4x1000", "--budget", "1GiB")
     assert result.exit_code == 3 and "internal error: RuntimeError: boom" in result.output
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import graphmem
-from graphmem.rules.registry import ArgMeta, register, rules_for, scratch_bytes
+from graphmem.trace.rules.registry import ArgMeta, register, rules_for, scratch_bytes
 
 aten = torch.ops.aten
 

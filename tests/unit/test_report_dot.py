@@ -15,9 +15,9 @@ from torch import nn
 
 import graphmem
 from graphmem.errors import UserInputError
+from graphmem.memory.results import MemoryReport
 from graphmem.report import write_dot
 from graphmem.report.dot import AUTO_COLLAPSE_NODES, to_dot
-from graphmem.types import MemoryReport
 from tests.conftest import ROOT
 from tests.models import NestedNet as Net
 

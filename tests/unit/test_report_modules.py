@@ -11,10 +11,11 @@ import json
 import pytest
 
 import graphmem
+from graphmem.memory.results import MemoryReport
 from graphmem.report import RENDERERS, module_rows, top_tensors
 from graphmem.report.series import bucket_peaks, category_timelines, phase_spans
 from graphmem.report.sparkline import BLOCKS, render_sparkline, sparkline
-from graphmem.types import MemoryReport, OpRecord, Phase
+from graphmem.trace.records import OpRecord, Phase
 from tests.models import NestedNet as Net
 
 

@@ -12,10 +12,11 @@ import torch
 from torch.cuda import _memory_viz
 
 import graphmem
-from graphmem.liveness import compute_lifetimes
-from graphmem.memory import build_mode_report
+from graphmem.memory.liveness import compute_lifetimes
+from graphmem.memory.mode_report import build_mode_report
+from graphmem.memory.results import MemoryReport
 from graphmem.report import build_snapshot, write_snapshot
-from graphmem.types import MemoryReport, OpRecord, Phase, Role, StorageRecord, Trace
+from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
 
 
 @pytest.fixture(scope="module")

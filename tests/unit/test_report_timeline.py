@@ -12,11 +12,12 @@ import torch
 from click.testing import CliRunner
 
 import graphmem
+import graphmem.cli.commands
 from graphmem.cli import main
 from graphmem.errors import UserInputError
+from graphmem.memory.results import MemoryReport
 from graphmem.report import write_timeline
 from graphmem.report.timeline import MAX_POINTS, render_timeline, timeline_figure
-from graphmem.types import MemoryReport
 from tests.conftest import ROOT
 
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'graphmem[viz]')")
@@ -78,13 +79,13 @@ def test_missing_matplotlib_names_the_extra(mlp: MemoryReport, monkeypatch: pyte
 def test_cli_writes_every_picture_from_one_analysis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pydot", reason="pydot is not installed (pip install 'graphmem[viz]')")
     calls: list[str] = []
-    real = graphmem.cli.analyze
+    real = graphmem.cli.commands.analyze
 
     def counted(*args: object, **kwargs: object) -> object:
         calls.append("analyze")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(graphmem.cli, "analyze", counted)
+    monkeypatch.setattr(graphmem.cli.commands, "analyze", counted)
     result = CliRunner().invoke(main, ["analyze", MLP, "-i", "4x1000", "--timeline", str(tmp_path / "t.svg"),
                                        "--snapshot", str(tmp_path / "s.pickle"), "--dot", str(tmp_path / "g.dot"),
                                        "--depth", "1", "--top", "2"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphmem.rules import rules_for
-from graphmem.rules.registry import ArgMeta
+from graphmem.trace.rules import rules_for
+from graphmem.trace.rules.registry import ArgMeta
 
 aten = torch.ops.aten
 

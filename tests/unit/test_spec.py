@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from graphmem.errors import UserInputError
-from graphmem.spec import InputSpec, parse_dtype, parse_input_spec
+from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,0 +1,186 @@
+"""The commands: analyze, check, max-batch / max-seq, plan.
+
+Each parses its options into one Job (graphmem.cli.options), calls the library once, renders
+with the renderer its ``--format`` names, writes the output and maps errors to exit codes
+(graphmem.cli.exit_codes).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import click
+
+from graphmem import __version__
+from graphmem.api import analyze
+from graphmem.cli.exit_codes import errors_to_exit_codes, preflight_errors
+from graphmem.cli.options import ParsedType, job_from, job_options, output_options
+from graphmem.cuda.gpus import get_gpu
+from graphmem.errors import UserInputError
+from graphmem.job.job import ANALYSIS_MODES, Job
+from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
+from graphmem.preflight.check import PREFLIGHT_MODES, check, search_largest
+from graphmem.preflight.plan import make_plan
+from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
+from graphmem.report.plan_table import PLAN_RENDERERS
+from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Context
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="graphmem")
+def main() -> None:
+    """Predict the memory of a PyTorch training step before it runs.
+
+    The model is built on the meta device (no weights are allocated); the real step
+    (forward, autograd backward, optimizer) is recorded as a graph of aten ops on fake
+    tensors, and a storage-aware liveness pass gives the live bytes after every op.
+    """
+
+
+def _picture(param: Any, path: str | None) -> str | None:
+    """Refuse a picture path with the wrong suffix or a missing extra before analysing."""
+    try:
+        return None if path is None else check_output_path(param.name, path)
+    except UserInputError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def _write(text: str, output: str | None) -> None:
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command("analyze")
+@job_options(ANALYSIS_MODES, "both")
+@output_options(list(RENDERERS))
+@click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Levels of the module tree in the per-module table, the JSON and the --dot module graph.")
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="How many of the largest tensors live at the peak to list.")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also draw live bytes over the step, stacked by category, to FILE.svg|.png|.html "
+                   "(needs matplotlib: pip install 'graphmem[viz]').")
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write the predicted allocations as a PyTorch memory snapshot FILE.pickle, "
+                   "for pytorch.org/memory_viz or python -m torch.cuda._memory_viz.")
+@click.option("--dot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write the op graph as DOT (FILE.dot) or render it with Graphviz (FILE.svg|.png|.pdf); "
+                   "needs pydot: pip install 'graphmem[viz]'.")
+@click.option("--collapse", type=click.Choice(COLLAPSE_CHOICES), default="auto", show_default=True,
+              help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
+def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth: int, top: int,
+                    timeline: str | None, snapshot: str | None, dot: str | None, collapse: str,
+                    **options: Any) -> None:
+    """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
+
+    Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
+    """
+    with errors_to_exit_codes(debug):
+        report = analyze(job_from(options))
+        text = RENDERERS[fmt](report, units, depth=depth, top=top)
+        write_files(report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth,
+                    units=units)
+    _write(text, output)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-flight: check, max-batch / max-seq, plan (docs/preflight.md).  Exit codes: 0 fits,
+# 1 does not fit, 2 usage errors, 3 analysis failures (a bug too: 1 must only mean "does not fit").
+
+# 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
+BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)
+# 5% or 0.05 -> Fraction
+MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)
+
+
+def _budget_options(command: Any) -> Any:
+    """Add --budget and --margin to a pre-flight command."""
+    command = click.option("--margin", type=MarginType(), default="0%", show_default=True,
+                           help="Keep this share free: fits when peak x (1 + margin) <= budget.")(command)
+    return click.option("--budget", type=BudgetType(), default=None,
+                        help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of --gpu. "
+                             "Default: all of --gpu's memory.")(command)
+
+
+def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fraction) -> tuple[Job, Any, Context]:
+    """The Job, the budget and the header's context, from a pre-flight command's options."""
+    job = job_from(options)
+    gpu = get_gpu(options["gpu"]) if options["gpu"] else None
+    shown = job.with_preset()
+    context = Context(target=job.target_name, inputs=shown.inputs, device=job.device, mode=job.mode,
+                      gpu=gpu.name if gpu else None)
+    return job, resolve_budget(budget, gpu, margin), context
+
+
+@main.command("check")
+@job_options(PREFLIGHT_MODES, "train")
+@output_options(["table", "json"])
+@_budget_options
+def check_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
+                  debug: bool, **options: Any) -> None:
+    """Will TARGET fit the budget?  Exit 0: the predicted peak (allocated on cuda) with --margin
+    fits; 1: it does not; 2: usage error; 3: the analysis failed.
+
+    Example: graphmem check examples/mlp.py:MLP --input 32x1000 --budget 16MiB --margin 5%
+    """
+    with preflight_errors(debug):
+        job, limit, context = _preflight(options, budget, margin)
+        result = check(job, limit)
+        text = CHECK_RENDERERS[fmt](result, context, units)
+    _write(text, output)
+    click.get_current_context().exit(0 if result.fits else 1)
+
+
+@main.command("max-batch")
+@job_options(PREFLIGHT_MODES, "train")
+@output_options(["table", "json"])
+@_budget_options
+def max_batch_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
+                      debug: bool, **options: Any) -> None:
+    """The largest batch (max-batch) or sequence length (max-seq) that fits: the dimension written
+    as a capital letter in --input (Bx1000, 1xSx64).  N fits and N+1 does not, both analysed.
+    Exit 0 when some value fits, 1 when even 1 does not.
+
+    Example: graphmem max-batch examples/mlp.py:MLP --input Bx1000 --budget 64MiB
+    """
+    key = "max_seq" if click.get_current_context().info_name == "max-seq" else "max_batch"
+    with preflight_errors(debug):
+        job, limit, context = _preflight(options, budget, margin)
+        result = search_largest(job, limit)
+        text = SEARCH_RENDERERS[fmt](result, context, units, key=key)
+    _write(text, output)
+    click.get_current_context().exit(0 if result.max_value else 1)
+
+
+main.add_command(max_batch_command, name="max-seq")
+
+
+@main.command("plan")
+@job_options(PREFLIGHT_MODES, "train")
+@output_options(["table", "json"])
+@_budget_options
+@click.option("--world-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs the ZeRO / FSDP rows shard over (formula rows).")
+@click.option("--prune-amount", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
+              show_default=True, help="Share of each Linear/Conv weight the pruning rows remove.")
+@click.option("--group-size", type=click.IntRange(min=1), default=128, show_default=True,
+              help="int4 quantization group size (formula rows).")
+def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
+                 debug: bool, world_size: int, prune_amount: float, group_size: int, **options: Any) -> None:
+    """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
+    accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
+    predicted peak, saving and extra compute; and why training takes N times inference.
+
+    Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
+    """
+    with preflight_errors(debug):
+        job, limit, context = _preflight(options, budget, margin)
+        plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size)
+        text = PLAN_RENDERERS[fmt](plan, context, units)
+    _write(text, output)

@@ -1,0 +1,189 @@
+"""The options every command shares, parsed once into one ``Job``.
+
+``job_options(modes, default_mode)`` adds the TARGET argument and every option that says what
+is analysed (model, preset, config, inputs, the training step, device and GPU); ``job_from``
+turns their values into a ``graphmem.job.Job``.  ``output_options`` adds --format, --units,
+--output and --debug.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from graphmem.cuda.gpus import GPUS
+from graphmem.errors import UserInputError
+from graphmem.job.job import DEFAULT_GPU, DEVICES, SDPA_CHOICES, Job, make_job
+from graphmem.job.load import ModelSource, load_hf_config, resolve_target
+from graphmem.job.presets import PRESETS
+from graphmem.job.spec import MODEL_DTYPES, parse_assumption, validate_inputs
+from graphmem.job.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
+from graphmem.report import UNIT_CHOICES
+
+__all__ = ["JOB_OPTION_NAMES", "JsonObjectType", "ParsedType", "job_from", "job_options", "output_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ParsedType(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
+    """A value parsed by one of graphmem's parsers; its UserInputError becomes a usage error.
+
+    Args:
+        name: the metavar shown in --help.
+        parse: str -> value, raising UserInputError.
+        done: values of this type are already parsed (click may convert defaults twice).
+    """
+
+    def __init__(self, name: str, parse: Callable[[str], Any], done: type | tuple[type, ...] = ()) -> None:
+        self.name, self.parse, self.done = name, parse, done
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self.done and isinstance(value, self.done):
+            return value
+        try:
+            return self.parse(value)
+        except UserInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class JsonObjectType(click.ParamType):  # type: ignore[type-arg]
+    """A JSON object given on the command line, e.g. ``'{"hidden": 256}'``."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        try:
+            data = json.loads(value)
+        except json.JSONDecodeError as exc:
+            self.fail(f"not valid JSON ({exc.msg} at column {exc.colno}): {value!r}; "
+                      "expected an object such as '{\"hidden\": 256}'", param, ctx)
+        if not isinstance(data, dict):
+            self.fail(f"expected a JSON object such as '{{\"hidden\": 256}}', got {value!r}", param, ctx)
+        return data
+
+
+def _spec_text(value: str) -> str:
+    validate_inputs([value], symbolic=None)
+    return str(value)
+
+
+# pkg.module:Attr or path/file.py:Attr -> (the text, the imported class, factory or module)
+TargetType = lambda: ParsedType("TARGET", lambda text: (text, resolve_target(text)), tuple)
+# [NAME=]DIMS[:DTYPE] where one dimension may be a capital letter (Bx1000) -> the text
+SpecTextType = lambda: ParsedType("[NAME=]DIMS[:DTYPE]", _spec_text)
+
+
+def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter]:
+    """TARGET and the job options, in --help order."""
+    return [
+        click.Argument(["target"], type=TargetType(), required=False),
+        click.Option(["--preset"], type=click.Choice(list(PRESETS)), default=None,
+                     help="A well-known transformers model by its published config (no download); TARGET "
+                          "may then be omitted."),
+        click.Option(["--hf-config"], type=click.Path(dir_okay=False), default=None,
+                     help="A local config.json for a transformers model class TARGET "
+                          "(e.g. transformers:LlamaForCausalLM)."),
+        click.Option(["--hf-config-kwargs"], type=JsonObjectType(), default=None,
+                     help="JSON object of config values for a transformers model class (override --hf-config)."),
+        click.Option(["--input", "-i", "inputs"], type=SpecTextType(), multiple=True,
+                     help="Example input, repeatable: 32x1000, 8x512:int64, input_ids=2x128:int64. Unnamed "
+                          "inputs are positional, named ones keyword arguments. Default dtype float32. "
+                          "max-batch / max-seq: one dimension is a capital letter to search, e.g. Bx1000 "
+                          "or 1xSx64."),
+        click.Option(["--generate"], default=None, metavar="PROMPT+NEW",
+                     help="Inference with a KV cache instead of --mode: the prefill of PROMPT tokens and the "
+                          "last of NEW decode steps (causal LMs), e.g. 2048+512. --input is then optional."),
+        click.Option(["--batch"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With --generate: sequences generated at once."),
+        click.Option(["--assume", "assumptions"], multiple=True, metavar="NAME=VALUE",
+                     help="Value of an integer input, used only where the model reads values "
+                          "(if mask.all(), nonzero): ones, zeros, arange or an integer. Defaults: *mask* "
+                          "inputs ones, position_ids arange, others zeros. Repeatable."),
+        click.Option(["--kwargs", "model_kwargs"], type=JsonObjectType(), default=None,
+                     help="JSON object of keyword arguments for the model class or factory."),
+        click.Option(["--mode"], type=click.Choice(list(modes)), default=default_mode, show_default=True,
+                     help="Analyse inference, a training step" + (", or both." if "both" in modes else ".")),
+        click.Option(["--optimizer"], default="adam", show_default=True, metavar="NAME|pkg.module:Class",
+                     help="Optimizer of the training step: the real torch.optim class with its defaults "
+                          f"({', '.join(OPTIMIZER_CHOICES)}; the *8bit ones are bitsandbytes sized by "
+                          "formula), or any importable torch.optim.Optimizer subclass."),
+        click.Option(["--optimizer-kwargs"], type=JsonObjectType(), default=None,
+                     help="JSON object of extra optimizer arguments, e.g. '{\"lr\": 0.01, \"amsgrad\": true}'."),
+        click.Option(["--optimizer-impl"], type=click.Choice(list(OPTIMIZER_IMPLS)), default="auto",
+                     show_default=True, help="auto: what PyTorch picks for the target device (for-loop on CPU)."),
+        click.Option(["--amp"], type=click.Choice(list(AMP_DTYPES)), default=None,
+                     help="Mixed precision: torch.autocast around forward and loss; fp16 adds a GradScaler."),
+        click.Option(["--checkpoint", "checkpoint_classes"], default="", metavar="CLASS[,CLASS]",
+                     help="What-if: run every module of these classes under non-reentrant activation "
+                          "checkpointing; the report shows the peak with and without it."),
+        click.Option(["--grad-accum"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Forward/backward micro-steps per optimizer step."),
+        click.Option(["--loss"], type=click.Choice(LOSSES), default="auto", show_default=True,
+                     help="auto: output.loss if present, else sum of the first float output; "
+                          "cross_entropy/nll use int64 class targets."),
+        click.Option(["--dtype"], type=click.Choice(MODEL_DTYPES), default=None,
+                     help="Convert the model's floating parameters and buffers, as model.to(dtype)."),
+        click.Option(["--device"], type=click.Choice(DEVICES), default=None,
+                     help="Target device whose allocations are predicted (default: cuda with --gpu, else "
+                          "cpu). cuda: CUDA's kernel choices and the caching allocator (what "
+                          "torch.cuda.max_memory_allocated / _reserved will say)."),
+        click.Option(["--gpu"], default=None, metavar="NAME",
+                     help=f"Target this GPU ({', '.join(GPUS)}); implies --device cuda. With --device cuda "
+                          f"alone: {DEFAULT_GPU}."),
+        click.Option(["--sdpa"], type=click.Choice(SDPA_CHOICES), default="auto", show_default=True,
+                     help="With --device cuda: attention backend; auto is PyTorch's own choice for the GPU "
+                          "and dtype."),
+        click.Option(["--alloc-conf"], default=None, metavar="TEXT",
+                     help="With --device cuda: PYTORCH_CUDA_ALLOC_CONF settings "
+                          "(default: the environment variable), e.g. expandable_segments:True."),
+    ]
+
+
+# the parameter names job_options adds; job_from takes exactly these
+JOB_OPTION_NAMES = tuple(str(p.name) for p in _job_params(("both",), "both"))
+
+
+def job_options(modes: Sequence[str], default_mode: str) -> Callable[[F], F]:
+    """Add TARGET and the job options to a command (``--mode`` with these choices)."""
+    def add(command: F) -> F:
+        params = _job_params(modes, default_mode)
+        command.__click_params__ = [*getattr(command, "__click_params__", []), *reversed(params)]  # type: ignore[attr-defined]
+        return command
+    return add
+
+
+def output_options(formats: Sequence[str]) -> Callable[[F], F]:
+    """Add --format (these choices), --units, --output and --debug to a command."""
+    def add(command: F) -> F:
+        params = [
+            click.Option(["--format", "fmt"], type=click.Choice(list(formats)), default="table", show_default=True,
+                         help="Output format; json follows docs/json-schema.md."),
+            click.Option(["--units"], type=click.Choice(UNIT_CHOICES), default="auto", show_default=True,
+                         help="Units of sizes in tables (JSON is always in bytes)."),
+            click.Option(["--output", "-o"], type=click.Path(dir_okay=False, writable=True), default=None,
+                         help="Write the report to this file instead of standard output."),
+            click.Option(["--debug"], is_flag=True, help="Show the full traceback on errors."),
+        ]
+        command.__click_params__ = [*getattr(command, "__click_params__", []), *reversed(params)]  # type: ignore[attr-defined]
+        return command
+    return add
+
+
+def job_from(options: Mapping[str, Any]) -> Job:
+    """The Job the job options describe (``options``: the command's keyword arguments)."""
+    target: tuple[str, ModelSource] | None = options["target"]
+    name, source = target if target else (options["preset"], None)
+    return make_job(
+        source, options["inputs"], mode=options["mode"], optimizer=options["optimizer"], loss=options["loss"],
+        device=options["device"], dtype=options["dtype"], kwargs=options["model_kwargs"],
+        optimizer_kwargs=options["optimizer_kwargs"], optimizer_impl=options["optimizer_impl"],
+        amp=options["amp"], checkpoint=options["checkpoint_classes"], grad_accum=options["grad_accum"],
+        gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
+        assume=dict(parse_assumption(a) for a in options["assumptions"]),
+        hf_config=load_hf_config(options["hf_config"], options["hf_config_kwargs"]), preset=options["preset"],
+        generate=options["generate"], batch=options["batch"], name=name)

@@ -1,0 +1,165 @@
+"""One ``Job``: everything that says what is analysed, built and validated in one place.
+
+The command line (graphmem.cli.options) and the Python keywords (``make_job``, used by
+``graphmem.analyze(model, inputs, **keywords)``) both build a Job; every later stage takes
+it whole.  A Job is a description, not a result: the preset is applied (``with_preset``)
+and the model is built by the pipeline (graphmem.api), never here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+from graphmem.cuda.alloc_conf import parse_alloc_conf
+from graphmem.cuda.gpus import get_gpu
+from graphmem.errors import UserInputError
+from graphmem.job.load import ModelSource
+from graphmem.job.presets import get_preset
+from graphmem.job.spec import GenerateSpec, InputSpec, parse_dtype, parse_generate, validate_inputs
+from graphmem.job.step import StepConfig
+
+__all__ = ["ANALYSIS_MODES", "DEFAULT_GPU", "DEVICES", "SDPA_CHOICES", "Job", "make_job"]
+
+ANALYSIS_MODES = ("both", "train", "inference")
+DEVICES = ("cpu", "cuda")
+DEFAULT_GPU = "h100-80gb"
+# attention backends of the CUDA target: auto is PyTorch's own choice for the GPU and dtype
+SDPA_CHOICES = ("auto", "flash", "efficient", "cudnn", "math")
+_STEP_FIELDS = frozenset(f.name for f in fields(StepConfig))
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What to analyse.  Checked when built: a Job that exists is a valid one.
+
+    Attributes:
+        model: ``"pkg.module:Attr"`` / ``"file.py:Attr"``, an nn.Module class, a factory
+            returning one, or an nn.Module instance (left untouched); None with ``preset``.
+        inputs: example inputs as ``[NAME=]DIMS[:DTYPE]`` texts; one dimension may be a
+            capital letter (``Bx1000``), which only the pre-flight search accepts.
+        mode: ``both``, ``train`` or ``inference``.
+        step: how the training step runs (optimizer, loss, autocast, checkpointing, ...).
+        device: the target device, ``cpu`` or ``cuda``.
+        dtype: the model converted as ``model.to(dtype)``; None keeps it (or the preset's).
+        model_kwargs: keyword arguments for the model class or factory.
+        hf_config: config values for a transformers model class (no download ever).
+        preset: a name from graphmem.job.presets.PRESETS.
+        generate: inference with a KV cache instead of ``mode``.
+        assume: input name -> value (``ones``, ``zeros``, ``arange`` or an integer) for the
+            reads of input-derived values.
+        gpu: the CUDA target's GPU, a name from graphmem.cuda.gpus.GPUS.
+        sdpa: the CUDA target's attention backend, one of SDPA_CHOICES.
+        alloc_conf: the CUDA target's PYTORCH_CUDA_ALLOC_CONF; None reads the environment.
+        name: how reports name the model; None: the target text, the preset or the class.
+    """
+
+    model: str | ModelSource | None = None
+    inputs: tuple[str, ...] = ()
+    mode: str = "both"
+    step: StepConfig = field(default_factory=StepConfig)
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    hf_config: Mapping[str, Any] | None = None
+    preset: str | None = None
+    generate: GenerateSpec | None = None
+    assume: Mapping[str, str] = field(default_factory=dict)
+    gpu: str = DEFAULT_GPU
+    sdpa: str = "auto"
+    alloc_conf: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        self.step.validate()
+        for value, choices, what in ((self.mode, ANALYSIS_MODES, "mode"), (self.device, DEVICES, "device"),
+                                     (self.sdpa, SDPA_CHOICES, "sdpa backend")):
+            if value not in choices:
+                raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")
+        if self.inputs or (self.generate is None and self.preset is None):
+            validate_inputs(self.inputs, symbolic=None)
+        if self.preset is not None:
+            get_preset(self.preset)
+        if self.device == "cuda":
+            get_gpu(self.gpu)
+            if self.alloc_conf is not None:
+                parse_alloc_conf(self.alloc_conf)
+
+    @property
+    def target_name(self) -> str:
+        """How reports name the model."""
+        if self.name:
+            return self.name
+        model = self.model
+        return str(self.preset or (model if isinstance(model, str) else
+                                   getattr(model, "__qualname__", type(model).__name__)))
+
+    def with_preset(self) -> Job:
+        """The job with its preset applied: the preset's model class, its config under
+        ``hf_config``, its published dtype unless one is given, and its example batch
+        when no input is given."""
+        if self.preset is None:
+            return self
+        chosen = get_preset(self.preset)
+        inputs = self.inputs or (() if self.generate else tuple(chosen.example_input.split()))
+        return replace(self, model=self.model or chosen.target, hf_config={**chosen.config, **(self.hf_config or {})},
+                       dtype=self.dtype or chosen.dtype, inputs=inputs)
+
+    def updated(self, **changes: Any) -> Job:
+        """The same job with some fields changed, by Job field or ``make_job`` keyword
+        (``optimizer="sgd"``, ``amp="bf16"``, ``checkpoint=["Block"]``, ``kwargs={...}``)."""
+        step = {key: changes.pop(key) for key in list(changes) if key in _STEP_FIELDS}
+        if "checkpoint" in step:
+            step["checkpoint"] = _class_names(step["checkpoint"])
+        if "kwargs" in changes:
+            changes["model_kwargs"] = dict(changes.pop("kwargs") or {})
+        if "inputs" in changes:
+            changes["inputs"] = _input_texts(changes["inputs"])
+        if isinstance(changes.get("dtype"), str):
+            changes["dtype"] = parse_dtype(changes["dtype"])
+        return replace(self, step=replace(self.step, **step) if step else self.step, **changes)
+
+
+def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec | str] | InputSpec | str = (), *,
+             mode: str = "both", optimizer: str = "adam", loss: str = "auto", device: str | None = None,
+             dtype: torch.dtype | str | None = None, kwargs: Mapping[str, Any] | None = None,
+             optimizer_kwargs: Mapping[str, Any] | None = None, optimizer_impl: str = "auto",
+             amp: str | None = None, checkpoint: Sequence[str] | str = (), grad_accum: int = 1,
+             gpu: str | None = None, sdpa: str = "auto", alloc_conf: str | None = None,
+             assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
+             preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
+             name: str | None = None) -> Job:
+    """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
+
+    ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
+    ``generate`` is ``"P+N"`` (a P-token prompt, N new tokens) with ``batch`` sequences.
+
+    Raises:
+        UserInputError: any invalid value, before anything is imported or traced.
+    """
+    step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
+                      optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=_class_names(checkpoint),
+                      grad_accum=grad_accum)
+    if isinstance(generate, str):
+        generate = parse_generate(generate, batch)
+    return Job(model=model, inputs=_input_texts(inputs), mode=mode, step=step,
+               device=device or ("cuda" if gpu else "cpu"),
+               dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),
+               hf_config=hf_config, preset=preset, generate=generate, assume=dict(assume or {}),
+               gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, name=name)
+
+
+def _input_texts(inputs: Sequence[InputSpec | str] | InputSpec | str) -> tuple[str, ...]:
+    if isinstance(inputs, (str, InputSpec)):
+        inputs = [inputs]
+    return tuple(str(spec) for spec in inputs)
+
+
+def _class_names(classes: Sequence[str] | str) -> tuple[str, ...]:
+    """``"A,B"`` or ``["A", "B"]`` -> ``("A", "B")``."""
+    if isinstance(classes, str):
+        classes = classes.split(",")
+    return tuple(c.strip() for c in classes if c.strip())

@@ -1,0 +1,102 @@
+"""How the training step runs: its configuration, the optimizers and losses a job can name."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphmem.errors import UserInputError
+from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+
+__all__ = ["StepConfig", "OPTIMIZERS", "OPTIMIZER_CHOICES", "OPTIMIZER_IMPLS", "LOSSES", "AMP_DTYPES",
+           "resolve_optimizer"]
+
+# name -> (torch.optim class name, default kwargs): the real classes with their defaults.
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sgd": ("SGD", {}),
+    "sgd-momentum": ("SGD", {"momentum": 0.9}),
+    "sgd-nesterov": ("SGD", {"momentum": 0.9, "nesterov": True}),
+    "adam": ("Adam", {}),
+    "adamw": ("AdamW", {}),
+    "adam-amsgrad": ("Adam", {"amsgrad": True}),
+    "adamw-amsgrad": ("AdamW", {"amsgrad": True}),
+    "adagrad": ("Adagrad", {}),
+    "adadelta": ("Adadelta", {}),
+    "adamax": ("Adamax", {}),
+    "nadam": ("NAdam", {}),
+    "radam": ("RAdam", {}),
+    "rmsprop": ("RMSprop", {}),
+    "rprop": ("Rprop", {}),
+    "asgd": ("ASGD", {}),
+    **({"adafactor": ("Adafactor", {})} if hasattr(torch.optim, "Adafactor") else {}),
+    "lbfgs": ("LBFGS", {}),
+}
+OPTIMIZER_CHOICES = (*OPTIMIZERS, *FORMULA_OPTIMIZERS, "none")
+# --optimizer-impl: auto lets PyTorch pick for the target device (for-loop on CPU).
+OPTIMIZER_IMPLS = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+                   "fused": {"fused": True}}
+LOSSES = ("auto", "sum", "mean", "cross_entropy", "nll")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    """How the training step runs.
+
+    Attributes:
+        optimizer: a name from OPTIMIZER_CHOICES, or ``pkg.module:Class`` of a
+            ``torch.optim.Optimizer`` subclass.
+        optimizer_kwargs: extra keyword arguments for the optimizer.
+        optimizer_impl: ``auto``, ``for-loop``, ``foreach`` or ``fused``.
+        loss: a name from LOSSES.
+        amp: None, ``"bf16"`` or ``"fp16"``: torch.autocast around forward and loss
+            (fp16 adds a torch.amp.GradScaler).
+        checkpoint: class names whose modules run under non-reentrant torch.utils.checkpoint.
+        grad_accum: micro-steps (forward + backward) per optimizer step.
+        iterations: optimizer steps recorded (2: the first creates the optimizer state).
+    """
+
+    optimizer: str = "adam"
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    optimizer_impl: str = "auto"
+    loss: str = "auto"
+    amp: str | None = None
+    checkpoint: tuple[str, ...] = ()
+    grad_accum: int = 1
+    iterations: int = 2
+
+    def validate(self) -> None:
+        """Raise UserInputError for any invalid field, before anything is traced."""
+        if self.optimizer not in OPTIMIZER_CHOICES and ":" not in self.optimizer:
+            raise UserInputError(f"unknown optimizer {self.optimizer!r}; expected one of: "
+                                 f"{', '.join(OPTIMIZER_CHOICES)}, or pkg.module:Class")
+        for value, choices, what in ((self.optimizer_impl, tuple(OPTIMIZER_IMPLS), "optimizer-impl"),
+                                     (self.loss, LOSSES, "loss"),
+                                     (self.amp or "bf16", tuple(AMP_DTYPES), "amp")):
+            if value not in choices:
+                raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")
+        if self.grad_accum < 1 or self.iterations < 1:
+            raise UserInputError(f"grad-accum and iterations must be >= 1, got {self.grad_accum} "
+                                 f"and {self.iterations}")
+
+
+def resolve_optimizer(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class and its default kwargs for a name or ``pkg.module:Class``."""
+    if name in OPTIMIZERS:
+        cls_name, defaults = OPTIMIZERS[name]
+        return getattr(torch.optim, cls_name), dict(defaults)
+    if name in FORMULA_OPTIMIZERS:
+        return FORMULA_OPTIMIZERS[name], {}
+    module_name, _, attr = name.rpartition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UserInputError(f"cannot load optimizer {name!r}: {exc}; give pkg.module:Class") from exc
+    if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+        raise UserInputError(f"{name!r} is not a torch.optim.Optimizer subclass")
+    return cls, {}

@@ -1,0 +1,122 @@
+"""The analysis results: categories, lifetimes, peaks and the frozen reports.
+
+Every result is a frozen, slotted dataclass, complete when built.  Sizes are int bytes
+named ``*_bytes``; positions are int op indices ("steps").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum, unique
+
+from graphmem.cuda.allocator import AllocatorStats
+from graphmem.cuda.gpus import GPU
+from graphmem.trace.records import Trace
+
+__all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "GenerateReport", "MemoryReport"]
+
+
+@unique
+class Category(StrEnum):
+    """The one category each live byte is reported under."""
+
+    PARAMETER = "parameters"
+    BUFFER = "buffers"
+    INPUT = "inputs"
+    ACTIVATION = "activations"
+    TEMPORARY = "temporaries"
+    OUTPUT = "outputs"
+    GRADIENT = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """Stage 3a's output for one storage: live from ``start`` to ``end`` (op indices,
+    inclusive; ``start`` -1 means before the first op)."""
+
+    sid: int
+    nbytes: int
+    start: int
+    end: int
+    category: Category
+
+@dataclass(frozen=True, slots=True)
+class PeakInfo:
+    """Where a peak happens."""
+
+    step: int
+    op: str
+    module: str
+    phase: str
+    iteration: int
+
+@dataclass(frozen=True, slots=True)
+class PhasePeak:
+    """The highest live bytes while ops of one phase run."""
+
+    phase: str
+    peak_bytes: int
+    step: int
+
+@dataclass(frozen=True, slots=True)
+class ModeReport:
+    """Stage 3b's output for one mode (inference or train)."""
+
+    mode: str
+    optimizer: str | None
+    peak_bytes: int
+    peak: PeakInfo
+    breakdown: Mapping[Category, int]
+    phases: tuple[PhasePeak, ...]
+    timeline: tuple[int, ...]
+    params_bytes: int
+    buffers_bytes: int
+    inputs_bytes: int
+    grads_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    num_ops: int
+    unmodeled_ops: tuple[str, ...]
+    trace: Trace
+    lifetimes: tuple[Lifetime, ...]
+    iteration_peaks: tuple[int, ...]
+    flops: int
+    recompute_flops: int
+    assumptions: tuple[str, ...]
+    allocator: AllocatorStats | None = None  # CUDA target: the caching allocator's view
+    sdpa_backends: Mapping[str, int] | None = None  # CUDA target: attention kernels chosen
+
+@dataclass(frozen=True, slots=True)
+class GenerateReport:
+    """Inference with a KV cache: the prefill's peak and the last decode step's peak."""
+
+    prompt_tokens: int
+    new_tokens: int
+    batch: int
+    prefill_peak_bytes: int
+    decode_peak_bytes: int
+    kv_cache_bytes: int  # after the last step: prompt + new tokens
+    prefill: ModeReport
+    decode: ModeReport  # its trace also holds the forward that fills the cache
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    """What ``graphmem.analyze`` returns."""
+
+    target: str
+    device: str
+    inputs: tuple[str, ...]
+    inference: ModeReport | None
+    train: ModeReport | None
+    train_without_checkpoint: ModeReport | None = None  # the --checkpoint what-if's baseline
+    gpu: GPU | None = None  # CUDA target: the GPU preset
+    generate: GenerateReport | None = None  # --generate: inference with a KV cache
+
+    @property
+    def ratio(self) -> float | None:
+        """Training peak over inference peak, when both were analysed."""
+        if self.inference is None or self.train is None or self.inference.peak_bytes == 0:
+            return None
+        return self.train.peak_bytes / self.inference.peak_bytes
+

@@ -1,0 +1,261 @@
+"""Pre-flight answers on top of analyze(): will the job fit, and the largest batch (or
+sequence length) that fits.
+
+Input: a ``graphmem.job.Job`` (one dimension of its inputs may be
+a letter such as ``B`` in ``Bx1000`` or ``S`` in ``1xSx64``) and a ``Budget``
+(graphmem/budget.py).  Output: frozen ``CheckResult`` / ``SearchResult`` values.
+
+The peak compared with the budget is the CPU target's tensor bytes (``peak_bytes``), or on the
+CUDA target what ``torch.cuda.max_memory_allocated()`` would say
+(``allocator.allocated_peak_bytes``).
+
+The search (``find_largest_fit``) exploits that memory is affine in the batch size for most
+models: two analyses (1 and 2) fit a line, the line predicts the answer N, and N and N+1 are
+analysed to confirm it.  Where the peak is not affine (it moves to another phase, attention
+is quadratic in the sequence, the CUDA allocator rounds), the search keeps a bracket
+[fits, does not fit] and falls back to secant and bisection steps, so it is exact for any
+peak that does not shrink as the dimension grows, in O(log N) analyses at worst.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from graphmem.api import analyze
+from graphmem.errors import UserInputError
+from graphmem.job.job import Job
+from graphmem.job.spec import input_symbol, substitute, validate_inputs
+from graphmem.memory.results import MemoryReport, ModeReport
+from graphmem.preflight.budget import Budget
+
+__all__ = [
+    "PREFLIGHT_MODES",
+    "CheckResult",
+    "Prediction",
+    "SearchResult",
+    "check",
+    "find_largest_fit",
+    "fit_line",
+    "peak_of",
+    "predict",
+    "search_largest",
+]
+
+PREFLIGHT_MODES = ("train", "inference")
+_MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One analysis: the peak compared with budgets, and the full report."""
+
+    peak_bytes: int
+    report: MemoryReport
+
+    @property
+    def mode_report(self) -> ModeReport:
+        """The analysed mode's report (train or inference)."""
+        found = self.report.train or self.report.inference
+        assert found is not None, "Prediction.mode_report: the report holds no mode"
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """``graphmem check``'s answer (bytes)."""
+
+    fits: bool
+    peak_bytes: int        # the predicted peak compared with the budget
+    required_bytes: int    # peak with the margin
+    budget: Budget
+    metric: str            # "peak_bytes" (cpu) or "allocated_peak_bytes" (cuda)
+    reserved_peak_bytes: int | None
+    report: MemoryReport
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Budget left after the peak and its margin; negative: the shortfall."""
+        return self.budget.total_bytes - self.required_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """``graphmem max-batch`` / ``max-seq``'s answer.
+
+    ``max_value`` fits and ``max_value + 1`` does not, both analysed (0: even 1 does not fit).
+    ``bytes_per_unit`` and ``fixed_bytes``: the least-squares line through the analysed
+    points near the answer (from half of it to twice it); ``affine``: every analysed point
+    lies within 0.1% of that line.
+    """
+
+    symbol: str
+    max_value: int
+    peak_bytes_at_max: int | None
+    peak_bytes_at_next: int
+    budget: Budget
+    bytes_per_unit: int | None  # None: a single analysis (even 1 did not fit)
+    fixed_bytes: int | None
+    affine: bool
+    evaluated: tuple[tuple[int, int], ...]  # (value, peak bytes) of every analysis, by value
+
+
+def peak_of(report: MemoryReport, mode: str) -> int:
+    """The peak the budget is compared with: CPU tensor bytes, or the CUDA allocator's
+    allocated peak (torch.cuda.max_memory_allocated)."""
+    found = report.train if mode == "train" else report.inference
+    if found is None:
+        raise AssertionError(f"peak_of: the report has no {mode} result")
+    if found.allocator is not None:
+        return found.allocator.allocated_peak_bytes
+    return found.peak_bytes
+
+
+def predict(job: Job, value: int | None = None) -> Prediction:
+    """Analyse ``job`` (its symbolic dimension set to ``value``) and return its peak."""
+    if job.mode not in PREFLIGHT_MODES:
+        raise UserInputError(f"unknown mode {job.mode!r}; expected one of: {', '.join(PREFLIGHT_MODES)}")
+    symbol = input_symbol(job.inputs)
+    if symbol is not None and value is None:
+        raise AssertionError(f"predict: inputs {job.inputs} need a value for {symbol}")
+    report = analyze(replace(job, inputs=tuple(substitute(t, symbol, value or 1) for t in job.inputs)))
+    return Prediction(peak_of(report, job.mode), report)
+
+
+def check(job: Job, budget: Budget) -> CheckResult:
+    """Will ``job`` fit ``budget``?  One analysis.
+
+    Returns:
+        The verdict, the predicted peak and the peak with the margin, in bytes.
+    """
+    validate_inputs(job.inputs, symbolic=False)
+    prediction = predict(job)
+    allocator = prediction.mode_report.allocator
+    return CheckResult(fits=budget.fits(prediction.peak_bytes), peak_bytes=prediction.peak_bytes,
+                       required_bytes=budget.required_bytes(prediction.peak_bytes), budget=budget,
+                       metric="allocated_peak_bytes" if allocator else "peak_bytes",
+                       reserved_peak_bytes=allocator.reserved_peak_bytes if allocator else None,
+                       report=prediction.report)
+
+
+def find_largest_fit(peak_at: Callable[[int], int], cap_bytes: int, *, limit: int = 2**31 - 1
+                     ) -> tuple[int, dict[int, int]]:
+    """The largest v in [1, limit] with ``peak_at(v) <= cap_bytes``, assuming the peak never
+    shrinks as v grows; 0 when even 1 does not fit.
+
+    Returns:
+        (v, every evaluated value -> peak).  When v > 0, v and v+1 were both evaluated.
+
+    Raises:
+        UserInputError: ``limit`` itself fits (the peak does not grow enough with v).
+    """
+    seen: dict[int, int] = {}
+
+    def fits(v: int) -> bool:
+        if v not in seen:
+            seen[v] = peak_at(v)
+        return seen[v] <= cap_bytes
+
+    if not fits(1):
+        return 0, seen
+    if not fits(2):
+        return 1, seen
+    bracket = _Bracket(lo=2)
+    for _ in range(_MAX_ROUNDS):
+        if bracket.hi is not None and bracket.hi - bracket.lo <= 1:
+            return bracket.lo, seen
+        if bracket.lo >= limit:
+            raise UserInputError(f"even {limit:,} fits the budget: the peak barely grows with this "
+                                 "dimension; is the symbol in the right place?")
+        guess, slope = bracket.next_guess(seen, cap_bytes, limit)
+        bracket.update(guess, fits(guess))
+        # the line says the answer is next to the guess: analyse the neighbour to confirm it
+        neighbour = guess + 1 if bracket.lo == guess else guess - 1
+        if slope > 0 and abs(seen[guess] - cap_bytes) <= slope and bracket.inside(neighbour):
+            bracket.update(neighbour, fits(neighbour))
+    raise AssertionError(f"find_largest_fit: no answer after {_MAX_ROUNDS} rounds ({bracket})")
+
+
+@dataclass(slots=True)
+class _Bracket:
+    """find_largest_fit's state: ``lo`` fits, ``hi`` does not (None: not found yet).
+
+    Guesses are where the chord between the ends meets the cap (regula falsi), with the
+    Illinois rule (an end kept twice in a row counts half as far from the cap, so the chord
+    turns towards it) and a bisection when two rounds did not halve the bracket.
+    """
+
+    lo: int
+    hi: int | None = None
+    kept: str = ""                # the end kept by the last update: "lo" or "hi"
+    weight_lo: float = 1.0
+    weight_hi: float = 1.0
+    widths: list[int] = field(default_factory=list)
+    rounds: int = 0
+
+    def inside(self, value: int) -> bool:
+        return self.lo < value and (self.hi is None or value < self.hi)
+
+    def update(self, value: int, fits: bool) -> None:
+        keeps = "hi" if fits else "lo"
+        if keeps == self.kept:  # Illinois: the end kept twice in a row pulls the chord half as hard
+            self.weight_hi, self.weight_lo = (self.weight_hi / 2, self.weight_lo) if fits else \
+                (self.weight_hi, self.weight_lo / 2)
+        else:
+            self.weight_lo = self.weight_hi = 1.0
+        self.kept = keeps
+        self.lo, self.hi = (value, self.hi) if fits else (self.lo, value)
+
+    def next_guess(self, seen: Mapping[int, int], cap: int, limit: int) -> tuple[int, float]:
+        """The next value to analyse, and the bytes-per-unit slope it was extrapolated with."""
+        self.rounds += 1
+        if self.hi is None:  # extrapolate the widest chord; grow geometrically once it undershot
+            left = min(seen)
+            slope = (seen[self.lo] - seen[left]) / (self.lo - left)
+            guess = self.lo + int((cap - seen[self.lo]) / slope) if slope > 0 else 2 * self.lo
+            return min(max(guess, self.lo + 1, 2 * self.lo if self.rounds > 1 else 0), limit), slope
+        self.widths.append(self.hi - self.lo)
+        if len(self.widths) > 2 and 2 * self.widths[-1] > self.widths[-3]:
+            return _split(self.lo, self.hi), 0.0
+        below = (cap - seen[self.lo]) * self.weight_lo  # >= 0
+        above = (seen[self.hi] - cap) * self.weight_hi  # > 0
+        guess = self.lo + int((self.hi - self.lo) * below / (below + above))
+        slope = (seen[self.hi] - seen[self.lo]) / (self.hi - self.lo)
+        return max(self.lo + 1, min(guess, self.hi - 1)), slope
+
+
+def _split(lo: int, hi: int) -> int:
+    """Bisection, in log space while the bracket spans more than a factor of 4."""
+    return math.isqrt(lo * hi) if hi > 4 * lo else (lo + hi) // 2
+
+
+def fit_line(points: Mapping[int, int]) -> tuple[float, float, float]:
+    """Least-squares line through (value, bytes) points: (slope, intercept, max relative residual)."""
+    n = len(points)
+    mean_x, mean_y = sum(points) / n, sum(points.values()) / n
+    var = sum((x - mean_x) ** 2 for x in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points.items()) / var if var else 0.0
+    intercept = mean_y - slope * mean_x
+    worst = max(abs(y - (intercept + slope * x)) / max(y, 1) for x, y in points.items())
+    return slope, intercept, worst
+
+
+def search_largest(job: Job, budget: Budget, *, limit: int = 2**31 - 1) -> SearchResult:
+    """The largest value of the job's symbolic dimension whose predicted peak fits ``budget``.
+
+    Returns:
+        A SearchResult; the answer and the next value are both analysed.
+    """
+    symbol = validate_inputs(job.inputs, symbolic=True)
+    assert symbol is not None, "search_largest: validate_inputs returned no symbol"
+    best, seen = find_largest_fit(lambda v: predict(job, v).peak_bytes, budget.cap_bytes, limit=limit)
+    near = {v: b for v, b in seen.items() if best // 2 <= v <= 2 * best + 2} if best > 1 else seen
+    slope, intercept, _ = fit_line(near if len(near) > 1 else seen)
+    worst = max(abs(b - (intercept + slope * v)) / b for v, b in seen.items())
+    fitted = len(seen) > 1
+    return SearchResult(symbol=symbol, max_value=best, peak_bytes_at_max=seen.get(best),
+                        peak_bytes_at_next=seen[best + 1], budget=budget,
+                        bytes_per_unit=round(slope) if fitted else None,
+                        fixed_bytes=round(intercept) if fitted else None, affine=fitted and worst <= 1e-3,
+                        evaluated=tuple(sorted(seen.items())))

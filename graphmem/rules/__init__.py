@@ -1,8 +1,0 @@
-"""Per-op rules.  Importing this package registers every rule family."""
-
-from __future__ import annotations
-
-from graphmem.rules import normalization  # noqa: F401  (registers its rules)
-from graphmem.rules.registry import ArgMeta, Rule, RuleTable, register, rules_for, scratch_bytes
-
-__all__ = ["ArgMeta", "Rule", "RuleTable", "register", "rules_for", "scratch_bytes"]

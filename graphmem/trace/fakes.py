@@ -1,0 +1,73 @@
+"""Fake tensors for stage 2 (trace): a model's parameters and buffers, and the example inputs.
+
+Input: a module (on meta, or a user's instance with real weights) and input specs.  Output:
+fake tensors on the target device, backed by meta storage, so the real step can run with no
+memory behind it.  The user's module gets its own tensors back when the context exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphmem.job.spec import InputSpec
+from graphmem.trace._torch_api import FakeTensorMode, to_fake
+from graphmem.trace.records import Role
+
+__all__ = ["fake_inputs", "fake_parameters", "fake_copy"]
+
+
+def fake_inputs(inputs: Sequence[InputSpec], mode: FakeTensorMode,
+                device: torch.device) -> tuple[list[Any], dict[str, Any]]:
+    """Fake example inputs: unnamed ones positional, named ones keyword arguments."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for spec in inputs:
+        fake = to_fake(mode, torch.empty(spec.shape, dtype=spec.dtype, device="meta"), device)
+        if spec.name:
+            kwargs[spec.name] = fake
+        else:
+            args.append(fake)
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device,
+                  dtype: torch.dtype | None) -> Iterator[dict[torch.Tensor, tuple[str, Role]]]:
+    """Swap every parameter and buffer for a fake one (tied tensors stay tied); restore after.
+
+    Yields fake tensor -> (qualified name, role), parameters first.
+    """
+    originals: list[tuple[dict[str, Any], str, Any]] = []
+    memo: dict[int, torch.Tensor] = {}
+    names: dict[torch.Tensor, tuple[str, Role]] = {}
+    try:
+        for prefix, module in model.named_modules(remove_duplicate=False):
+            for table, role in ((module._parameters, Role.PARAMETER), (module._buffers, Role.BUFFER)):
+                for key, value in list(table.items()):
+                    if value is None:
+                        continue
+                    if id(value) not in memo:
+                        memo[id(value)] = fake_copy(value, mode, device, dtype)
+                        names[memo[id(value)]] = (f"{prefix}.{key}" if prefix else key, role)
+                    originals.append((table, key, value))
+                    table[key] = memo[id(value)]
+        yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER))
+    finally:
+        for table, key, value in reversed(originals):
+            table[key] = value
+
+
+def fake_copy(t: torch.Tensor, mode: FakeTensorMode, device: torch.device,
+              dtype: torch.dtype | None) -> torch.Tensor:
+    meta = t if t.is_meta else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    if dtype is not None and (meta.is_floating_point() or meta.is_complex()):
+        meta = meta.to(dtype)
+    fake = to_fake(mode, meta.detach(), device)
+    if isinstance(t, nn.Parameter):
+        return nn.Parameter(fake, requires_grad=t.requires_grad)
+    return fake

@@ -1,0 +1,323 @@
+"""The dispatch-level recorder behind stage 2 (trace).
+
+A TorchDispatchMode that sits above FakeTensorMode and sees every aten op the step
+dispatches, in execution order: forward, the autograd engine's backward, the optimizer.
+For each op it appends an fx node and an ``OpRecord``; for each storage it keeps a weak
+reference and notes the op after which the storage was released.  Releases come from the
+same reference counting that frees memory in a real run (Python references, autograd's
+saved tensors, the optimizer's state), so they are observed, not guessed.
+
+Only the recorder holds weak references; it never keeps a tensor alive.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from graphmem.errors import TraceError
+from graphmem.trace._torch_api import (
+    DATA_DEPENDENT_ERRORS,
+    StorageWeakRef,
+    TorchDispatchMode,
+    autograd_sequence_nr,
+    count_flops,
+    current_autograd_node,
+    storage_expired,
+    storage_key,
+)
+from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
+from graphmem.trace.rules.registry import ArgMeta, RuleTable, scratch_bytes
+from graphmem.trace.values import Shadows
+
+__all__ = ["Recorder"]
+
+_READ = torch.ops.aten._local_scalar_dense.default
+_HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
+# FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
+# real run input and output are one tensor, so only the output is counted.
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride()))
+    return value
+
+
+def _fresh_outputs(func: Any, out: Any) -> Any:
+    """Give each non-aliasing output of ``func`` its own storage.
+
+    A return without an alias annotation in the op's schema is a fresh tensor on every real
+    backend, but a few meta kernels return one tensor twice (mkldnn_rnn_layer_backward gives
+    the same bias gradient for bias_ih and bias_hh).  That shared storage would make
+    AccumulateGrad copy a gradient the real run steals, so the duplicate is replaced.
+    """
+    if not isinstance(out, tuple) or len(out) < 2:
+        return out
+    returns = func._schema.returns
+    seen: set[int] = set()
+    fixed = list(out)
+    for i, item in enumerate(out):
+        if not isinstance(item, torch.Tensor) or i >= len(returns) or returns[i].alias_info is not None:
+            continue
+        if id(item) in seen:
+            fixed[i] = torch.empty_like(item)
+        seen.add(id(item))
+    return tuple(fixed)
+
+
+class _Storage:
+    """Mutable bookkeeping for one storage while recording; frozen into StorageRecord."""
+
+    __slots__ = ("sid", "cdata", "ref", "nbytes", "created", "released", "roles", "label", "shape", "dtype")
+
+    def __init__(self, sid: int, ref: StorageWeakRef, nbytes: int, created: int,
+                 t: torch.Tensor) -> None:
+        self.sid, self.ref, self.nbytes, self.created = sid, ref, nbytes, created
+        self.cdata = ref.cdata  # the weak reference's handle: the key of the live tables
+        self.released: int | None = None
+        self.roles: set[Role] = set()
+        self.label = ""
+        self.shape, self.dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+
+class Recorder(TorchDispatchMode):
+    """Records ops and storage lifetimes; see the module docstring."""
+
+    def __init__(self, rules: RuleTable) -> None:
+        super().__init__()
+        self.graph = torch.fx.Graph()
+        self.ops: list[OpRecord] = []
+        self.storages: list[_Storage] = []
+        self.phase, self.iteration = Phase.FORWARD, 0
+        self.module_stack: list[str] = []
+        self._rules = rules
+        self._live: dict[int, _Storage] = {}  # storage cdata -> record, for unreleased storages
+        self._polled: set[int] = set()  # the unreleased storages that may be released
+        self._nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> fx node
+        self._seq_starts: list[int] = []  # autograd sequence nr -> module, for backward ops
+        self._seq_modules: list[str] = []
+        self._owner: dict[int, str] = {}  # sid -> parameter name, for optimizer/grad ops
+        self._constants = 0
+        self.pending: tuple[str, str] = ("", "")
+        self.assumptions: list[str] = []
+        self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.replica
+        self._read_index = 0
+        self._silent = False
+        self.shadows = Shadows()
+
+    # -- storages ---------------------------------------------------------------------
+    def track(self, t: torch.Tensor, created: int) -> _Storage:
+        """The record of ``t``'s storage, created now if unseen."""
+        cdata, ref, nbytes = storage_key(t)
+        rec = self._live.get(cdata)
+        if rec is None or storage_expired(cdata):
+            rec = _Storage(len(self.storages), ref, nbytes, created, t)
+            self.storages.append(rec)
+            self._live[cdata] = rec
+            self._polled.add(cdata)
+        return rec
+
+    def mark(self, t: torch.Tensor, role: Role, label: str = "", owner: str = "") -> None:
+        """Give ``t``'s storage a role (parameter, gradient, saved, ...), a name, and the
+        parameter it belongs to (for gradients and optimizer state)."""
+        rec = self.track(t, created=len(self.ops) - 1 if self.ops else -1)
+        rec.roles.add(role)
+        if role in _HELD and rec.released is None:  # held by graphmem itself: never released
+            self._polled.discard(rec.cdata)
+        if label and not rec.label:
+            rec.label = label
+        if owner:
+            self._owner.setdefault(rec.sid, owner)
+
+    def add_placeholder(self, t: torch.Tensor, name: str) -> None:
+        node = self.graph.placeholder(name.replace(".", "_"))
+        self._nodes[t] = node
+
+    def poll(self) -> None:
+        """Note every storage released since the last op: it was live until that op.
+
+        Parameters, buffers and inputs are not polled: graphmem holds them for the whole
+        step.  The check is the C call behind StorageWeakRef.expired, on each weak
+        reference's handle (valid while the record holds its StorageWeakRef)."""
+        last = len(self.ops) - 1
+        dead = [cdata for cdata in self._polled if storage_expired(cdata)]
+        for cdata in dead:
+            self._polled.discard(cdata)
+            self._live.pop(cdata).released = last
+
+    # -- modules ----------------------------------------------------------------------
+    def current_module(self, in_sids: tuple[int, ...]) -> str:
+        """Module path of the op running now: the forward module stack, the autograd node
+        being executed in backward, or the parameter an optimizer op works on (the owner of
+        its first input storage that has one)."""
+        if self.phase in (Phase.FORWARD, Phase.LOSS) or (self.module_stack and self.phase == Phase.BACKWARD):
+            return self.module_stack[-1] if self.module_stack else ""
+        if self.phase == Phase.BACKWARD:
+            node = current_autograd_node()
+            if node is not None:
+                variable = getattr(node, "variable", None)  # AccumulateGrad
+                if isinstance(variable, torch.Tensor):
+                    return self._param_module(self.track(variable, -1).sid)
+                i = bisect.bisect_left(self._seq_starts, node._sequence_nr())
+                if self._seq_starts:
+                    return self._seq_modules[min(i, len(self._seq_modules) - 1)]
+            return ""
+        for sid in in_sids:
+            if sid in self._owner:
+                return self._param_module(sid)
+        # an optimizer temporary: it works on the same parameter as the op before it
+        return self.ops[-1].module if self.ops and self.ops[-1].phase == self.phase else ""
+
+    def _param_module(self, sid: int) -> str:
+        return self._owner.get(sid, "").rpartition(".")[0]
+
+    def _note_sequence(self, module: str) -> None:
+        # Autograd numbers the op's backward node before the op reaches this mode, so the
+        # newest number belongs to this op; backward ops look their node's number up here.
+        newest = autograd_sequence_nr() - 1
+        if not self._seq_starts or newest > self._seq_starts[-1]:
+            self._seq_starts.append(newest)
+            self._seq_modules.append(module)
+
+    @contextlib.contextmanager
+    def tracking_modules(self, model: nn.Module) -> Iterator[None]:
+        """Keep ``module_stack`` equal to the path of the module running now (global module hooks)."""
+        paths: dict[int, str] = {}
+        for name, module in model.named_modules(remove_duplicate=False):
+            paths.setdefault(id(module), name)
+
+        def pre(module: nn.Module, args: Any) -> None:
+            self.module_stack.append(paths.get(id(module), type(module).__name__))
+
+        def post(module: nn.Module, args: Any, out: Any) -> None:
+            if self.module_stack:
+                self.module_stack.pop()
+
+        handles = [nn.modules.module.register_module_forward_pre_hook(pre),
+                   nn.modules.module.register_module_forward_hook(post, always_call=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextlib.contextmanager
+    def silenced(self) -> Iterator[None]:
+        """Ops run inside are graphmem's own bookkeeping: not recorded."""
+        self._silent = True
+        try:
+            yield
+        finally:
+            self._silent = False
+
+    # -- the mode ---------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self._silent or func.namespace in ("prim", "profiler"):  # device queries, profiler marks
+            return func(*args, **kwargs)
+        self.poll()
+        index = len(self.ops)
+        in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+                      and func not in _LIFTS]  # a lift's input is the real constant it fakes
+        in_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in in_tensors))
+        module = self.current_module(in_sids)
+        if self.phase in (Phase.FORWARD, Phase.LOSS):
+            self._note_sequence(module)
+        self.pending = (str(func), module)  # named in the error if the op raises
+        scratch = self._scratch(func, args, kwargs)
+        out = self._fix_dtypes(func, args, kwargs, _fresh_outputs(func, self._run(func, args, kwargs)))
+        out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
+        node = self._add_node(func, args, kwargs, out)
+        recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
+        self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,
+                                 iteration=self.iteration, module=module, inputs=in_sids,
+                                 outputs=out_sids, scratch_bytes=scratch,
+                                 flops=count_flops(func, args, kwargs, out), recompute=recompute))
+        return out
+
+    def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Run the op on fake tensors.  A value the optimizer step reads comes from the real
+        one-element replica (graphmem.replica), in order; a value or value-dependent shape
+        the model reads comes from the assumed inputs' shadows (graphmem.values)."""
+        if func == _READ and self.phase == Phase.OPTIMIZER:
+            return self._replica_value()
+        try:
+            out = func(*args, **kwargs)
+        except DATA_DEPENDENT_ERRORS:
+            if not self.shadows.answerable(args, kwargs):
+                raise
+            return self._from_shadows(func, args, kwargs)
+        if self.phase in (Phase.FORWARD, Phase.LOSS):
+            self.shadows.propagate(func, args, kwargs, out)
+        return out
+
+    def _replica_value(self) -> Any:
+        if self._read_index >= len(self.scalar_reads):
+            raise TraceError("the optimizer step read more tensor values than its one-element "
+                             "replica did; its control flow depends on parameter sizes")
+        self._read_index += 1
+        return self.scalar_reads[self._read_index - 1]
+
+    def _from_shadows(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """The real answer of a value read, or fake outputs with the real (value-dependent) shapes."""
+        real = self.shadows.run(func, args, kwargs)
+        if not isinstance(real, (torch.Tensor, tuple, list)):
+            return real
+        fake = tree_map(lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype)
+                        if isinstance(r, torch.Tensor) else r, real)
+        self.shadows.attach(args, kwargs, fake, real)
+        return fake
+
+    def _scratch(self, func: Any, args: Any, kwargs: Any) -> int:
+        rule = self._rules.scratch.get(func)
+        if rule is None:
+            return 0
+        return scratch_bytes(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+
+    def _fix_dtypes(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        """Apply an output_dtypes rule: re-create outputs in the real kernel's dtype."""
+        rule = self._rules.output_dtypes.get(func)
+        if rule is None or not isinstance(out, tuple):
+            return out
+        fixes = rule(tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+        return tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
+
+    def _add_node(self, func: Any, args: Any, kwargs: Any, out: Any) -> torch.fx.Node:
+        node_args, node_kwargs = tree_map(self._node_of, (tuple(args), dict(kwargs)))
+        node = self.graph.call_function(func, node_args, node_kwargs)
+        node.meta["graphmem"] = {"op_index": len(self.ops)}
+        if isinstance(out, torch.Tensor):
+            self._nodes[out] = node
+        elif isinstance(out, (tuple, list)):
+            for i, item in enumerate(out):
+                if isinstance(item, torch.Tensor):
+                    self._nodes[item] = self.graph.call_function(operator.getitem, (node, i))
+        return node
+
+    def _node_of(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        node = self._nodes.get(value)
+        if node is None:
+            self._constants += 1
+            node = self.graph.get_attr(f"_tensor_constant{self._constants}")
+            self._nodes[value] = node
+        return node
+
+    def freeze(self) -> tuple[StorageRecord, ...]:
+        """The storage records, final; call after the last poll."""
+        return tuple(
+            StorageRecord(sid=s.sid, nbytes=s.nbytes, created=s.created, released=s.released,
+                          roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
+            for s in self.storages)

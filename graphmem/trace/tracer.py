@@ -1,0 +1,390 @@
+"""Stage 2: trace.  module + input specs -> the recorded step as an fx graph with lifetimes.
+
+Input: an nn.Module (on meta, or a user's instance), input specs, and the step to run.
+Output: a ``Trace``: the fx graph of every aten op in real execution order (forward, the
+autograd engine's backward, the torch.optim step), each op's phase and module, and each
+storage's size, creation op and release op.
+
+How: the model's parameters and buffers are swapped for fake tensors on the target device
+(no memory; device-dependent branches still take the target's path), then the real step
+runs under FakeTensorMode with the ``Recorder`` on top.  Training runs two iterations: the
+first creates the optimizer state lazily, the second runs with that state resident.
+
+The training step, per iteration (locals are released when it returns)::
+
+    out = model(*inputs); loss = loss_fn(out); loss.backward(); opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.job.spec import InputSpec
+from graphmem.job.step import AMP_DTYPES, StepConfig
+from graphmem.trace import generation
+from graphmem.trace._torch_api import (
+    DATA_DEPENDENT_ERRORS,
+    UnsupportedOperatorException,
+    backward_keeping_modes,
+    new_fake_mode,
+    quiet_fake_tensor_logs,
+    storage_key,
+)
+from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
+from graphmem.trace.cuda_kernels import CudaKernels
+from graphmem.trace.fakes import fake_inputs, fake_parameters
+from graphmem.trace.optim import compute_loss, find_logits, make_optimizer, make_targets
+from graphmem.trace.recorder import Recorder
+from graphmem.trace.records import Phase, Role, Trace
+from graphmem.trace.replica import optimizer_scalar_reads
+from graphmem.trace.rules import RuleTable, rules_for
+from graphmem.trace.values import default_assumption, describe
+
+__all__ = ["trace_step", "MODES"]
+
+MODES = ("inference", "train", "prefill", "decode")
+GENERATION_MODES = ("prefill", "decode")
+
+
+def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train",
+               step: StepConfig | None = None, device: str = "cpu",
+               dtype: torch.dtype | None = None,
+               rules: RuleTable | None = None, cuda: CudaKernels | None = None,
+               assume: Mapping[str, str] | None = None) -> Trace:
+    """Record one inference call or ``step.iterations`` training iterations of ``model``.
+
+    Args:
+        model: the model; its own tensors are never modified (fakes are swapped in).
+        inputs: example inputs; unnamed ones are positional, named ones keywords.
+        mode: ``"inference"`` (eval, no_grad) or ``"train"``.
+        step: how the training step runs (optimizer, loss, amp, checkpointing, ...).
+        device: the target device the fake tensors report.
+        dtype: convert floating parameters and buffers, as ``model.to(dtype)`` would.
+        rules: per-op scratch rules for the target device.
+        cuda: for the CUDA target, the kernel choices to apply; the fake tensors then report
+            ``cpu`` (see graphmem.cuda for why) and ``device`` is ignored.
+        assume: input name -> assumed value (``ones``, ``zeros``, ``arange`` or an integer)
+            for answering value reads; see graphmem.values for the defaults.
+
+    Returns:
+        The Trace.
+
+    Raises:
+        UserInputError: the model failed on the given inputs.
+        TraceError / UnsupportedError: the model cannot be recorded.
+    """
+    if mode not in MODES:
+        raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
+    step = step or StepConfig()
+    recorder = Recorder(rules or rules_for(device))
+    fake_mode = new_fake_mode()
+    target = torch.device("cpu" if cuda is not None else device)
+    with fake_parameters(model, fake_mode, target, dtype) as names, recorder.tracking_modules(model):
+        args, kwargs = fake_inputs(inputs, fake_mode, target)
+        for tensor, (name, role) in names.items():
+            recorder.add_placeholder(tensor, name)
+            recorder.mark(tensor, role, name, owner=name)
+        _declare_inputs(recorder, inputs, args, kwargs, assume or {})
+        kv_bytes = 0
+        with _errors_explained(recorder, model), quiet_fake_tensor_logs():
+            if mode == "train":
+                _read_optimizer_values(model, step, target, recorder)
+            autocast = functools.partial(_autocast, step, target, cuda is not None)
+            with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
+                    _cuda_autocast_rules(cuda is not None, step):
+                if mode == "inference":
+                    _run_inference(model, args, kwargs, recorder, autocast)
+                elif mode == "train":
+                    _run_training(model, args, kwargs, recorder, step, target, autocast)
+                else:
+                    kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
+            recorder.poll()
+    notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
+    return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
+                 optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes),
+                 kv_cache_bytes=kv_bytes)
+
+
+def _run_generation(model: nn.Module, kwargs: dict[str, Any], recorder: Recorder, mode: str,
+                    autocast: Callable[[], AbstractContextManager[Any]]) -> int:
+    """``prefill``: the prompt's forward; ``decode``: fill the cache, then one decode step.
+    Returns the bytes of the KV cache at the end (its storages, each counted once)."""
+    model.eval()
+    recorder.phase = Phase.PREFILL
+    with torch.no_grad(), autocast():
+        if mode == "prefill":
+            cache = generation.prefill(model, kwargs["input_ids"])
+        else:
+            def start_decode() -> None:
+                recorder.phase = Phase.DECODE
+            cache = generation.decode_with_full_cache(model, kwargs["input_ids"], kwargs["next_token"],
+                                                      start_decode)
+    storages = {}
+    for tensor in generation.cache_tensors(cache):
+        recorder.mark(tensor, Role.OUTPUT, "kv cache")
+        key, _, nbytes = storage_key(tensor)
+        storages[key] = nbytes
+    recorder.poll()  # the cache is still referenced here: it stays live to the end
+    return sum(storages.values())
+
+
+def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[Any],
+                    kwargs: dict[str, Any], assume: Mapping[str, str]) -> None:
+    """Placeholders, the input role, and the assumed values of integer inputs."""
+    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)}
+    if unknown:
+        raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
+                             f"inputs: {', '.join(s.name or f'input_{i}' for i, s in enumerate(specs))}")
+    positional = iter(args)
+    for i, spec in enumerate(specs):
+        name = spec.name or f"input_{i}"
+        tensor = kwargs[spec.name] if spec.name else next(positional)
+        recorder.add_placeholder(tensor, name)
+        recorder.mark(tensor, Role.INPUT, name)
+        kind = assume.get(name) or default_assumption(name, spec.dtype)
+        if kind:
+            recorder.shadows.assume(tensor, name, kind)
+
+
+@contextlib.contextmanager
+def _not_tracing_to_libraries() -> Iterator[None]:
+    """Let libraries take the path they take in a real run.
+
+    transformers treats a FakeTensor as "tracing" (utils/import_utils.py, is_tracing ->
+    is_fake_tensor) and then, for example, always materialises the 4-D attention mask that a
+    real run skips when the mask is all ones.  graphmem predicts the real run, so, while it
+    records, transformers is told its tensors are not fake; the value reads this unlocks are
+    answered from the declared input assumptions (graphmem.values).
+    """
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if utils is None or original is None:
+        yield
+        return
+    setattr(utils, "is_fake_tensor", lambda x: False)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(utils, "is_fake_tensor", original)  # noqa: B010
+
+
+def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,
+                           recorder: Recorder) -> None:
+    """Values the optimizer reads with .item(), from a real one-element replica (outside the modes)."""
+    ndims = [p.dim() for p in model.parameters() if p.requires_grad]
+    recorder.scalar_reads = optimizer_scalar_reads(ndims, step, device.type)
+    if recorder.scalar_reads:
+        recorder.assumptions.append(
+            f"optimizer step: the {len(recorder.scalar_reads)} values it reads with .item() (step "
+            "counts and the like) come from a real run of the same optimizer on one-element "
+            "parameters with finite gradients")
+
+
+def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                   autocast: Callable[[], AbstractContextManager[Any]]) -> None:
+    model.eval()
+    recorder.phase = Phase.FORWARD
+    with torch.no_grad(), autocast():
+        out = model(*args, **kwargs)
+    _mark_output(recorder, out)
+    recorder.poll()  # the output is still referenced here: it stays live to the end
+
+
+class _Loop:
+    """The training loop's fixed parts: what ``_micro_step`` and ``_optimizer_step`` share."""
+
+    def __init__(self, model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                 step: StepConfig, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager[Any]]) -> None:
+        self.model, self.args, self.kwargs, self.recorder, self.step = model, args, kwargs, recorder, step
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.opt = make_optimizer(step, list(self.params.values()))
+        self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
+        self.autocast = autocast
+        self.targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
+
+
+def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                  step: StepConfig, device: torch.device,
+                  autocast: Callable[[], AbstractContextManager[Any]]) -> None:
+    model.train()
+    loop = _Loop(model, args, kwargs, recorder, step, device, autocast)
+    # micro-steps after the second repeat it exactly (same tensors, gradients resident)
+    micro_steps = min(step.grad_accum, 2)
+    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
+            _checkpointed(model, step.checkpoint, recorder):
+        for iteration in range(step.iterations):
+            recorder.iteration = iteration
+            if step.grad_accum == 1:
+                held = _micro_step(loop)  # a plain step keeps out and loss through the update
+                _optimizer_step(loop)
+                del held
+            else:
+                for _ in range(micro_steps):
+                    _micro_step(loop)
+                _optimizer_step(loop)
+            recorder.poll()
+
+
+def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
+    recorder, step = loop.recorder, loop.step
+    recorder.phase = Phase.FORWARD
+    with loop.autocast():
+        out = loop.model(*loop.args, **loop.kwargs)
+        recorder.phase = Phase.LOSS
+        if step.loss in ("cross_entropy", "nll") and not loop.targets:
+            loop.targets.append(make_targets(find_logits(out)))
+            recorder.mark(loop.targets[0], Role.INPUT, "targets")
+        loss = compute_loss(step.loss, out, loop.targets[0] if loop.targets else None)
+    if step.grad_accum > 1:
+        loss = loss / step.grad_accum
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+        raise TraceError("the loss is not a scalar that requires grad; does the model have "
+                         "trainable parameters on its output path? try --loss or --mode inference")
+    _mark_output(recorder, (out, loss))
+    recorder.phase = Phase.BACKWARD
+    backward_keeping_modes(loop.scaler.scale(loss) if loop.scaler else loss)
+    for name, p in loop.params.items():
+        if p.grad is not None:
+            recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
+    return out, loss
+
+
+def _autocast(step: StepConfig, device: torch.device, cuda: bool) -> AbstractContextManager[Any]:
+    """torch.autocast for ``--amp`` on the (fake) device, or nothing.  The CUDA target records
+    on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.autocast_cuda)."""
+    if step.amp is None:
+        return contextlib.nullcontext()
+    if cuda:
+        return cuda_autocast(AMP_DTYPES[step.amp])
+    return torch.autocast(device.type, dtype=AMP_DTYPES[step.amp])
+
+
+@contextlib.contextmanager
+def _cuda_autocast_rules(active: bool, step: StepConfig) -> Iterator[None]:
+    """For the CUDA target with --amp: CUDA's autocast lists for the whole step (checkpoint's
+    recompute in backward re-enters autocast on its own, and must get CUDA's lists too)."""
+    if not active or step.amp is None:
+        yield
+        return
+    with cuda_autocast_lists():
+        yield
+
+
+def _optimizer_step(loop: _Loop) -> None:
+    recorder, opt = loop.recorder, loop.opt
+    recorder.phase = Phase.OPTIMIZER
+    if opt is None:
+        for p in loop.params.values():
+            p.grad = None
+        return
+    if loop.scaler is not None:
+        loop.scaler.step(opt)
+        loop.scaler.update()
+        for key in ("_scale", "_growth_tracker"):
+            value = getattr(loop.scaler, key, None)
+            if isinstance(value, torch.Tensor):
+                recorder.mark(value, Role.OPTIMIZER_STATE, f"grad_scaler.{key}")
+    else:
+        opt.step()
+    for name, p in loop.params.items():
+        for key, value in opt.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
+    opt.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def _checkpointed(model: nn.Module, class_names: tuple[str, ...], recorder: Recorder) -> Iterator[None]:
+    """Run every module of the named classes under non-reentrant torch.utils.checkpoint."""
+    if not class_names:
+        yield
+        return
+    paths = {id(m): name for name, m in model.named_modules()}
+    targets = [m for m in model.modules() if type(m).__name__ in class_names]
+    missing = set(class_names) - {type(m).__name__ for m in targets}
+    if missing:
+        available = sorted({type(m).__name__ for m in model.modules()})
+        raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
+                             f"model; its classes are: {', '.join(available)}")
+    for module in targets:
+        module.forward = functools.partial(_checkpoint_call, module.forward,
+                                           paths.get(id(module), ""), recorder)
+    try:
+        yield
+    finally:
+        for module in targets:
+            del module.forward
+
+
+def _checkpoint_call(forward: Any, path: str, recorder: Recorder, *args: Any, **kwargs: Any) -> Any:
+    def run(*inner: Any, **inner_kwargs: Any) -> Any:
+        recorder.module_stack.append(path)  # names the module in the backward recompute too
+        try:
+            return forward(*inner, **inner_kwargs)
+        finally:
+            recorder.module_stack.pop()
+
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+def _saving(recorder: Recorder) -> Any:
+    """The pack hook: note the storage as saved for backward.
+
+    It returns a detached alias, not the tensor itself: a saved output that held itself would
+    form a reference cycle (output -> grad_fn -> saved output) that keeps it alive until the
+    garbage collector runs, where the real run frees it at once.  The alias shares the
+    storage, so memory is unchanged; its detach is not recorded (no real run performs it).
+    """
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        recorder.mark(t, Role.SAVED)
+        with recorder.silenced():
+            return t.detach()
+    return pack
+
+
+def _mark_output(recorder: Recorder, out: Any) -> None:
+    leaves = out.to_tuple() if hasattr(out, "to_tuple") else out
+    for leaf in tree_flatten(leaves)[0]:
+        if isinstance(leaf, torch.Tensor):
+            recorder.mark(leaf, Role.OUTPUT)
+
+
+@contextlib.contextmanager
+def _errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
+    """Turn exceptions raised while recording into one clear graphmem error."""
+    try:
+        yield
+    except GraphmemError:
+        raise
+    except DATA_DEPENDENT_ERRORS as exc:
+        raise TraceError(f"{_where(recorder, model)} reads a tensor's value: data-dependent control "
+                         "flow such as `if x.sum() > 0`, .item(), or an output shape that depends on "
+                         "values; graphmem runs on fake tensors that hold no values. Make that code "
+                         "depend on shapes only") from exc
+    except UnsupportedOperatorException as exc:
+        raise UnsupportedError(f"{_where(recorder, model)} calls {exc}, an op with no meta/fake "
+                               "implementation in this torch; graphmem cannot size it") from exc
+    except Exception as exc:
+        message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {str(exc).rstrip('.')}"
+        if recorder.phase == Phase.FORWARD and recorder.iteration == 0:
+            raise UserInputError(f"{message}; check that --input shapes and dtypes fit the model") from exc
+        raise TraceError(message) from exc
+
+
+def _where(recorder: Recorder, model: nn.Module) -> str:
+    op, module = recorder.pending
+    path = f"{type(model).__name__}.{module}" if module else type(model).__name__
+    return f"{path} ({recorder.phase} phase, op {op or 'none yet'})"

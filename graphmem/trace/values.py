@@ -1,0 +1,119 @@
+"""Known values for the few tensors whose values a model reads.  Used by stage 2 (trace).
+
+Fake tensors hold no values, but some model code reads them: ``if mask.all()``, packed-
+sequence checks, ``.item()`` on a position, ``nonzero()`` of a mask (a value-dependent
+shape).  graphmem resolves such reads with *declared assumptions* about the inputs: an
+integer input named like ``*mask*`` is all ones (no padding), ``position_ids`` counts
+0..S-1 along the last dimension, any other integer input is zeros; ``--assume NAME=VALUE``
+changes one (``ones``, ``zeros``, ``arange`` or an integer).
+
+Each assumed input gets a small real *shadow* tensor.  Every op whose tensor arguments all
+have shadows (inputs, or tensors computed from them and from constants such as
+``torch.arange``) is also run on the shadows, for real, as long as its result has at most
+``SHADOW_LIMIT`` elements; so a read of a mask-derived value gets its real answer, and a
+value-dependent shape its real shape.  Reads of anything computed from weights or
+activations cannot be answered and stop the analysis with a clear message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from graphmem.trace._torch_api import unset_fake_temporarily
+
+__all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT"]
+
+SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of real memory
+
+
+@dataclass(frozen=True, slots=True)
+class _Shadow:
+    value: torch.Tensor
+    sources: frozenset[str]  # the assumed inputs this value derives from
+
+
+def default_assumption(name: str, dtype: torch.dtype) -> str | None:
+    """What an input is assumed to hold, by name (None: floating inputs get no shadow)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return None
+    if "mask" in name:
+        return "ones"
+    return "arange" if name == "position_ids" else "zeros"
+
+
+def _make(kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if kind == "ones":
+        return torch.ones(shape, dtype=dtype)
+    if kind == "zeros":
+        return torch.zeros(shape, dtype=dtype)
+    if kind == "arange":
+        return torch.arange(shape[-1] if shape else 1, dtype=dtype).expand(shape).contiguous()
+    return torch.full(shape, int(kind), dtype=dtype)
+
+
+class Shadows:
+    """Real values riding along fake tensors that derive only from assumed inputs."""
+
+    def __init__(self) -> None:
+        self._shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake tensor -> _Shadow
+        self.used: set[str] = set()  # assumptions an answer depended on
+
+    def assume(self, fake: torch.Tensor, name: str, kind: str) -> None:
+        """Give input ``fake`` (named ``name``) the value ``kind``."""
+        if fake.numel() <= SHADOW_LIMIT:
+            with unset_fake_temporarily():
+                value = _make(kind, tuple(fake.shape), fake.dtype)
+            self._shadows[fake] = _Shadow(value, frozenset({f"{name}={kind}"}))
+
+    def get(self, t: Any) -> _Shadow | None:
+        return self._shadows.get(t) if isinstance(t, torch.Tensor) else None
+
+    def propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Run ``func`` on the shadows of its arguments, when they all have one."""
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs or any(self.get(t) is None for t in tensors) or any(o.numel() > SHADOW_LIMIT for o in outs):
+            return
+        self.attach(args, kwargs, out, self.run(func, args, kwargs))
+
+    def attach(self, args: Any, kwargs: Any, out: Any, real: Any) -> None:
+        """Record ``real`` as the values of the fake outputs ``out`` of an op on ``args``."""
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        sources = frozenset().union(*(self._shadows[t].sources for t in tensors)) if tensors else frozenset()
+        fakes = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        for fake, value in zip(fakes, [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)], strict=False):
+            self._shadows[fake] = _Shadow(value, sources)
+
+    def run(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """``func`` on real shadow values (every tensor argument must have a shadow)."""
+        swap = lambda a: self._shadows[a].value if isinstance(a, torch.Tensor) else a
+        real_args, real_kwargs = tree_map(swap, (tuple(args), dict(kwargs)))
+        with unset_fake_temporarily():
+            return func(*real_args, **real_kwargs)
+
+    def answerable(self, args: Any, kwargs: Any) -> bool:
+        """Whether every tensor argument has a shadow (so the op can be run for real)."""
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        ok = all(self.get(t) is not None for t in tensors)
+        if ok:
+            for t in tensors:
+                self.used |= self._shadows[t].sources
+        return ok
+
+
+def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
+    """Assumption notes for the report, one per assumed input an answer depended on."""
+    words = {"ones": "all ones (no padding)", "zeros": "all zeros", "arange": "0, 1, 2, ... (no packing)"}
+    notes = []
+    for item in sorted(used):
+        name, _, kind = item.partition("=")
+        origin = "as declared with --assume" if name in declared else "by default"
+        notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "
+                     "value the model reads")
+    return notes
