@@ -267,7 +267,7 @@ def render_table(rows: Sequence[Row], gpu: str, torch_version: str) -> str:
 
 
 def calibration() -> list[str]:
-    """Facts about this GPU for graphmem/gpus.py: total memory, cuBLAS workspace, CUDA context."""
+    """Facts about this GPU for graphmem/cuda/gpus.py: total memory, cuBLAS workspace, CUDA context."""
     props = torch.cuda.get_device_properties(0)
     a = torch.ones(64, 64, device="cuda")
     before = torch.cuda.memory_allocated()
@@ -299,7 +299,7 @@ def page(rows: Sequence[Row], gpu: str, dry_run: bool, facts: list[str], seconds
                  "the script runs. Regenerate it on a machine with a CUDA GPU.\n\n")
     tail = ["", "## The allocator model alone", "",
             ("Random alloc/free sequences (`torch.empty(n, dtype=torch.uint8)` / `del`), replayed by "
-            "`graphmem.allocator.replay` and for real, compared after every event."), "", *allocator]
+            "`graphmem.cuda.allocator.replay` and for real, compared after every event."), "", *allocator]
     tail += ["", "## This GPU", "", *facts] if facts else []
     return head + render_table(rows, gpu, torch.__version__) + "\n" + "\n".join(tail) + \
         f"\n\n(Rows: {len(rows)}; {seconds:.0f} s.)\n"

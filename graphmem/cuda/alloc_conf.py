@@ -2,7 +2,7 @@
 
 Input: the text of ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF``, e.g.
 ``"expandable_segments:True,max_split_size_mb:128"``.  Output: a frozen ``AllocatorConfig``
-that ``graphmem.allocator.replay`` runs under.
+that ``graphmem.cuda.allocator.replay`` runs under.
 
 The grammar and every check follow PyTorch 2.13: ``c10/core/AllocatorConfig.{h,cpp}``
 (``ConfigTokenizer``, ``AcceleratorAllocatorConfig::parseArgs`` and its ``parse*`` helpers) for

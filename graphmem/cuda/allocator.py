@@ -1,8 +1,8 @@
 """Stage 3c: the CUDA caching allocator.  Alloc/free events -> allocated and reserved bytes (pure).
 
 Input: an alloc/free sequence (``graphmem.memory.memory_events``, optionally with extra
-scratch/workspace allocations from ``graphmem.alloc_events.with_extra_allocations``) and an ``AllocatorConfig``
-(``graphmem.alloc_conf.parse_alloc_conf``).  Output: ``AllocatorStats``: what
+scratch/workspace allocations from ``graphmem.memory.alloc_events.with_extra_allocations``) and an ``AllocatorConfig``
+(``graphmem.cuda.alloc_conf.parse_alloc_conf``).  Output: ``AllocatorStats``: what
 ``torch.cuda.max_memory_allocated()`` and ``torch.cuda.max_memory_reserved()`` would report
 after the run, both timelines and where their peaks happen.
 

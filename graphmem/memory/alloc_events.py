@@ -2,7 +2,7 @@
 
 Input: the alloc/free sequence of stage 3b (``graphmem.memory.memory_events``) and the
 allocations the graph does not show (kernel scratch, library workspaces).  Output: the merged
-sequence that ``graphmem.allocator.replay`` takes, and ``per_step_peaks`` to fold a replay's
+sequence that ``graphmem.cuda.allocator.replay`` takes, and ``per_step_peaks`` to fold a replay's
 per-event timeline back onto the recorded ops.
 """
 

@@ -7,7 +7,7 @@ analyses a model.
 Units: ``B``; binary ``KiB MiB GiB TiB`` (powers of 1024); decimal ``KB MB GB TB`` (powers
 of 1000, as disk and GPU marketing sizes are written).  A bare number up to 1 (or a
 percentage) is a fraction of the ``--gpu``'s memory (``torch.cuda.get_device_properties``'
-``total_memory``, see graphmem/gpus.py).
+``total_memory``, see graphmem/cuda/gpus.py).
 """
 
 from __future__ import annotations

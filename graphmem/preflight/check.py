@@ -3,7 +3,7 @@ sequence length) that fits.
 
 Input: a ``graphmem.job.Job`` (one dimension of its inputs may be
 a letter such as ``B`` in ``Bx1000`` or ``S`` in ``1xSx64``) and a ``Budget``
-(graphmem/budget.py).  Output: frozen ``CheckResult`` / ``SearchResult`` values.
+(graphmem/preflight/budget.py).  Output: frozen ``CheckResult`` / ``SearchResult`` values.
 
 The peak compared with the budget is the CPU target's tensor bytes (``peak_bytes``), or on the
 CUDA target what ``torch.cuda.max_memory_allocated()`` would say

@@ -110,7 +110,7 @@ class Recorder(TorchDispatchMode):
         self._constants = 0
         self.pending: tuple[str, str] = ("", "")
         self.assumptions: list[str] = []
-        self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.replica
+        self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.trace.replica
         self._read_index = 0
         self._silent = False
         self.shadows = Shadows()
@@ -248,8 +248,8 @@ class Recorder(TorchDispatchMode):
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Run the op on fake tensors.  A value the optimizer step reads comes from the real
-        one-element replica (graphmem.replica), in order; a value or value-dependent shape
-        the model reads comes from the assumed inputs' shadows (graphmem.values)."""
+        one-element replica (graphmem.trace.replica), in order; a value or value-dependent shape
+        the model reads comes from the assumed inputs' shadows (graphmem.trace.values)."""
         if func == _READ and self.phase == Phase.OPTIMIZER:
             return self._replica_value()
         try:

@@ -74,9 +74,9 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         dtype: convert floating parameters and buffers, as ``model.to(dtype)`` would.
         rules: per-op scratch rules for the target device.
         cuda: for the CUDA target, the kernel choices to apply; the fake tensors then report
-            ``cpu`` (see graphmem.cuda for why) and ``device`` is ignored.
+            ``cpu`` (see graphmem.trace.cuda_kernels for why) and ``device`` is ignored.
         assume: input name -> assumed value (``ones``, ``zeros``, ``arange`` or an integer)
-            for answering value reads; see graphmem.values for the defaults.
+            for answering value reads; see graphmem.trace.values for the defaults.
 
     Returns:
         The Trace.
@@ -166,7 +166,7 @@ def _not_tracing_to_libraries() -> Iterator[None]:
     is_fake_tensor) and then, for example, always materialises the 4-D attention mask that a
     real run skips when the mask is all ones.  graphmem predicts the real run, so, while it
     records, transformers is told its tensors are not fake; the value reads this unlocks are
-    answered from the declared input assumptions (graphmem.values).
+    answered from the declared input assumptions (graphmem.trace.values).
     """
     utils = sys.modules.get("transformers.utils.import_utils")
     original = getattr(utils, "is_fake_tensor", None)
@@ -264,7 +264,7 @@ def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
 
 def _autocast(step: StepConfig, device: torch.device, cuda: bool) -> AbstractContextManager[Any]:
     """torch.autocast for ``--amp`` on the (fake) device, or nothing.  The CUDA target records
-    on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.autocast_cuda)."""
+    on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.trace.cuda_autocast)."""
     if step.amp is None:
         return contextlib.nullcontext()
     if cuda:
