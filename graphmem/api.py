@@ -20,8 +20,9 @@ from graphmem.job.step import StepConfig, resolve_optimizer
 from graphmem.memory.cuda_replay import model_cuda_allocator
 from graphmem.memory.liveness import POLICIES, compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
-from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport
+from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport
 from graphmem.trace.cuda_kernels import CudaKernels
+from graphmem.trace.parallel import distinct_ranks
 from graphmem.trace.records import Phase
 from graphmem.trace.rules import Rule, rules_for
 from graphmem.trace.tracer import trace_step
@@ -89,15 +90,23 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
     modeled = {str(op) for op in table.scratch}
     specs = [parse_input_spec(text) for text in job.inputs]
 
-    def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
+    def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
         kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
         trace = trace_step(module, inputs or specs, mode=m, step=config, device=job.device, dtype=job.dtype,
-                           rules=table, cuda=kernels, assume=job.assume)
+                           rules=table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
         if cuda is None or kernels is None:  # (kernels exist exactly when cuda does)
             return report
         return replace(report, allocator=model_cuda_allocator(report, *cuda),
                        sdpa_backends=dict(kernels.backends))
+
+    def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
+        if job.parallel is None:
+            return one(m, config, inputs, 0)
+        ranks = [RankReport(rank, alike, one(m, config, inputs, rank))
+                 for rank, alike in distinct_ranks(module, job.parallel)]
+        ranks.sort(key=lambda r: (-_compared_peak(r.report), r.rank))
+        return replace(ranks[0].report, ranks=tuple(ranks))
 
     gpu = cuda[0] if cuda else None
     if job.generate is not None:
@@ -110,7 +119,13 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
     train = run("train", step) if job.mode in ("train", "both") else None
     baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
     return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
-                        inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu)
+                        inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
+                        parallel=job.parallel.text if job.parallel else None)
+
+
+def _compared_peak(report: ModeReport) -> int:
+    """The peak a budget is compared with: the CUDA allocator's allocated peak, or tensor bytes."""
+    return report.allocator.allocated_peak_bytes if report.allocator else report.peak_bytes
 
 
 def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:

@@ -141,6 +141,24 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--alloc-conf"], default=None, metavar="TEXT",
                      help="With --device cuda: PYTORCH_CUDA_ALLOC_CONF settings "
                           "(default: the environment variable), e.g. expandable_segments:True."),
+        click.Option(["--parallel"], default=None, metavar="NAME=N[,NAME=N]",
+                     help="Training spread over GPUs, applied by PyTorch's own engines; memory per GPU: "
+                          "ddp=8 (DistributedDataParallel), fsdp=8 (FSDP2 fully_shard), ddp=2,fsdp=4 "
+                          "(HSDP), zero1=8 (DDP with ZeroRedundancyOptimizer)."),
+        click.Option(["--fsdp-units"], default="", metavar="CLASS[,CLASS]",
+                     help="With fsdp: the classes of the modules sharded as units (default: the model's "
+                          "repeated blocks)."),
+        click.Option(["--reshard-after-forward"], type=click.Choice(["default", "true", "false"]),
+                     default="default", show_default=True,
+                     help="With fsdp: fully_shard's reshard_after_forward (default: every unit but the root)."),
+        click.Option(["--mp-param-dtype"], type=click.Choice(MODEL_DTYPES), default=None,
+                     help="With fsdp: MixedPrecisionPolicy param_dtype (the all-gathered parameters' dtype)."),
+        click.Option(["--mp-reduce-dtype"], type=click.Choice(MODEL_DTYPES), default=None,
+                     help="With fsdp: MixedPrecisionPolicy reduce_dtype (the gradients' reduce-scatter dtype)."),
+        click.Option(["--ddp-bucket-mb"], type=click.FloatRange(min=0, min_open=True), default=25.0,
+                     show_default=True, help="With ddp / zero1: DDP's bucket_cap_mb."),
+        click.Option(["--ddp-bucket-view/--no-ddp-bucket-view"], default=False, show_default=True,
+                     help="With ddp / zero1: DDP's gradient_as_bucket_view."),
     ]
 
 
@@ -186,4 +204,8 @@ def job_from(options: Mapping[str, Any]) -> Job:
         gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
         assume=dict(parse_assumption(a) for a in options["assumptions"]),
         hf_config=load_hf_config(options["hf_config"], options["hf_config_kwargs"]), preset=options["preset"],
-        generate=options["generate"], batch=options["batch"], name=name)
+        generate=options["generate"], batch=options["batch"], parallel=options["parallel"],
+        ddp_bucket_mb=options["ddp_bucket_mb"], ddp_bucket_view=options["ddp_bucket_view"],
+        reshard_after_forward={"default": None, "true": True, "false": False}[options["reshard_after_forward"]],
+        mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
+        fsdp_units=options["fsdp_units"], name=name)

@@ -18,6 +18,7 @@ from graphmem.cuda.alloc_conf import parse_alloc_conf
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import UserInputError
 from graphmem.job.load import ModelSource
+from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
 from graphmem.job.spec import GenerateSpec, InputSpec, parse_dtype, parse_generate, validate_inputs
 from graphmem.job.step import StepConfig
@@ -54,6 +55,8 @@ class Job:
         gpu: the CUDA target's GPU, a name from graphmem.cuda.gpus.GPUS.
         sdpa: the CUDA target's attention backend, one of SDPA_CHOICES.
         alloc_conf: the CUDA target's PYTORCH_CUDA_ALLOC_CONF; None reads the environment.
+        parallel: data-parallel or sharded training over several GPUs; the report then holds
+            each distinct rank and the highest one.
         name: how reports name the model; None: the target text, the preset or the class.
     """
 
@@ -71,6 +74,7 @@ class Job:
     gpu: str = DEFAULT_GPU
     sdpa: str = "auto"
     alloc_conf: str | None = None
+    parallel: ParallelSpec | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +87,8 @@ class Job:
             validate_inputs(self.inputs, symbolic=None)
         if self.preset is not None:
             get_preset(self.preset)
+        if self.parallel is not None and self.generate is not None:
+            raise UserInputError("--parallel applies to training and inference, not to --generate")
         if self.device == "cuda":
             get_gpu(self.gpu)
             if self.alloc_conf is not None:
@@ -131,11 +137,18 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
              gpu: str | None = None, sdpa: str = "auto", alloc_conf: str | None = None,
              assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
              preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
-             name: str | None = None) -> Job:
+             parallel: str | ParallelSpec | None = None, ddp_bucket_mb: float = 25.0,
+             ddp_bucket_view: bool = False, reshard_after_forward: bool | None = None,
+             mp_param_dtype: str | None = None, mp_reduce_dtype: str | None = None,
+             fsdp_units: Sequence[str] | str = (), name: str | None = None) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
     ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
     ``generate`` is ``"P+N"`` (a P-token prompt, N new tokens) with ``batch`` sequences.
+    ``parallel`` is ``"fsdp=8"``, ``"ddp=8"``, ``"ddp=2,fsdp=4"`` or ``"zero1=8"``
+    (graphmem.job.parallel), with the engines' settings: DDP's ``bucket_cap_mb`` and
+    ``gradient_as_bucket_view``; FSDP2's ``reshard_after_forward``, MixedPrecisionPolicy
+    dtypes and the classes of the modules sharded as units.
 
     Raises:
         UserInputError: any invalid value, before anything is imported or traced.
@@ -145,11 +158,15 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
                       grad_accum=grad_accum)
     if isinstance(generate, str):
         generate = parse_generate(generate, batch)
+    if isinstance(parallel, str):
+        parallel = replace(parse_parallel(parallel), bucket_mb=ddp_bucket_mb, bucket_view=ddp_bucket_view,
+                           reshard_after_forward=reshard_after_forward, param_dtype=mp_param_dtype,
+                           reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units))
     return Job(model=model, inputs=_input_texts(inputs), mode=mode, step=step,
                device=device or ("cuda" if gpu else "cpu"),
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),
                hf_config=hf_config, preset=preset, generate=generate, assume=dict(assume or {}),
-               gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, name=name)
+               gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, parallel=parallel, name=name)
 
 
 def _input_texts(inputs: Sequence[InputSpec | str] | InputSpec | str) -> tuple[str, ...]:

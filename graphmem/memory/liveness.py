@@ -29,6 +29,7 @@ _PRIORITY: tuple[tuple[Role, Category], ...] = (
     (Role.INPUT, Category.INPUT),
     (Role.GRADIENT, Category.GRADIENT),
     (Role.OPTIMIZER_STATE, Category.OPTIMIZER_STATE),
+    (Role.COMMUNICATION, Category.COMMUNICATION),
     (Role.SAVED, Category.ACTIVATION),
     (Role.OUTPUT, Category.OUTPUT),
 )

@@ -14,7 +14,8 @@ from graphmem.cuda.allocator import AllocatorStats
 from graphmem.cuda.gpus import GPU
 from graphmem.trace.records import Trace
 
-__all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "GenerateReport", "MemoryReport"]
+__all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "RankReport", "GenerateReport",
+           "MemoryReport"]
 
 
 @unique
@@ -29,6 +30,7 @@ class Category(StrEnum):
     OUTPUT = "outputs"
     GRADIENT = "gradients"
     OPTIMIZER_STATE = "optimizer_state"
+    COMMUNICATION = "communication"  # --parallel: gradient buckets, all-gathered parameters, reduce-scatter inputs
 
 @dataclass(frozen=True, slots=True)
 class Lifetime:
@@ -86,6 +88,16 @@ class ModeReport:
     assumptions: tuple[str, ...]
     allocator: AllocatorStats | None = None  # CUDA target: the caching allocator's view
     sdpa_backends: Mapping[str, int] | None = None  # CUDA target: attention kernels chosen
+    ranks: tuple[RankReport, ...] = ()  # --parallel: every distinct rank, the highest first (this one)
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """--parallel: one rank whose memory can differ from the others', and the ranks alike to it."""
+
+    rank: int
+    ranks: tuple[int, ...]
+    report: ModeReport
 
 @dataclass(frozen=True, slots=True)
 class GenerateReport:
@@ -112,6 +124,7 @@ class MemoryReport:
     train_without_checkpoint: ModeReport | None = None  # the --checkpoint what-if's baseline
     gpu: GPU | None = None  # CUDA target: the GPU preset
     generate: GenerateReport | None = None  # --generate: inference with a KV cache
+    parallel: str | None = None  # --parallel: the strategies and degrees, e.g. "fsdp=8"
 
     @property
     def ratio(self) -> float | None:

@@ -13,6 +13,7 @@ from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_json
 from graphmem.report.generate_section import generate_json
 from graphmem.report.modules import module_rows, top_tensors
+from graphmem.report.parallel_section import parallel_json
 
 __all__ = ["report_to_dict", "render_json", "SCHEMA_VERSION"]
 
@@ -56,6 +57,8 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> di
         "device": report.device,
         "inputs": list(report.inputs),
     }
+    if report.parallel is not None:
+        data["parallel"] = report.parallel
     if report.inference is not None:
         data["inference"] = _mode_to_dict(report.inference)
     if report.train is not None:
@@ -66,6 +69,7 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> di
         if key in data:
             data[key].update(where_memory_goes(getattr(report, key), depth, top))
             data[key].update(cuda_json(report, getattr(report, key)))
+            data[key].update(parallel_json(getattr(report, key)))
     if report.generate is not None:
         data["generate"] = generate_json(report, report.generate)
     if report.gpu is not None:

@@ -11,6 +11,7 @@ from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_table
 from graphmem.report.generate_section import generate_table
 from graphmem.report.module_table import render_module_sections
+from graphmem.report.parallel_section import parallel_table
 from graphmem.trace.records import Phase
 from graphmem.units import format_bytes
 
@@ -34,12 +35,14 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     modes = [m for m in (report.inference, report.train) if m is not None]
     root = report.target.rpartition(":")[2] or report.target
     head = [""] + [_title(m) for m in modes]
-    parts = [f"graphmem: {report.target}  inputs: {', '.join(report.inputs)}  device: {report.device}"]
+    parallel = f"  parallel: {report.parallel}" if report.parallel else ""
+    parts = [f"graphmem: {report.target}  inputs: {', '.join(report.inputs)}  device: {report.device}{parallel}"]
     summary = [["peak"] + [fmt(m.peak_bytes) for m in modes]]
     if report.ratio is not None:
         summary.append(["train / inference", "", f"{report.ratio:.2f}x"])
     parts.append(tabulate(summary, headers=head, tablefmt="simple"))
-    rows = [[str(c)] + [fmt(m.breakdown[c]) for m in modes] for c in Category]
+    rows = [[str(c)] + [fmt(m.breakdown[c]) for m in modes] for c in Category
+            if c != Category.COMMUNICATION or any(m.breakdown[c] for m in modes)]
     rows.append(["total"] + [fmt(sum(m.breakdown.values())) for m in modes])
     parts.append("Live at the peak, by category\n" + tabulate(rows, headers=head, tablefmt="simple"))
     where = [["op"] + [m.peak.op for m in modes],
@@ -50,6 +53,7 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     cuda = cuda_table(report, modes, head, fmt)
     if cuda:
         parts.append(cuda)
+    parts.extend(parallel_table(report, m, fmt) for m in modes if m.ranks)
     if report.train is not None:
         parts.append(_train_details(report.train, fmt))
     if report.train is not None and report.train_without_checkpoint is not None:

@@ -38,10 +38,11 @@ TIMELINE_FORMATS = ("svg", "png", "html")
 MAX_POINTS = 3000
 # bottom to top: what stays for the whole step first, what comes and goes on top
 STACK_ORDER = (Category.PARAMETER, Category.BUFFER, Category.INPUT, Category.OPTIMIZER_STATE,
-               Category.GRADIENT, Category.ACTIVATION, Category.OUTPUT, Category.TEMPORARY)
+               Category.GRADIENT, Category.COMMUNICATION, Category.ACTIVATION, Category.OUTPUT, Category.TEMPORARY)
 COLOURS = {Category.PARAMETER: "#4c72b0", Category.BUFFER: "#8172b3", Category.INPUT: "#937860",
            Category.OPTIMIZER_STATE: "#55a868", Category.GRADIENT: "#c44e52",
-           Category.ACTIVATION: "#dd8452", Category.OUTPUT: "#da8bc3", Category.TEMPORARY: "#8c8c8c"}
+           Category.ACTIVATION: "#dd8452", Category.OUTPUT: "#da8bc3", Category.TEMPORARY: "#8c8c8c",
+           Category.COMMUNICATION: "#64b5cd"}
 PHASE_SHADES = {"forward": "#e3eefa", "loss": "#f1e4f5", "backward": "#fdeadb", "optimizer": "#e6f4e1"}
 
 

@@ -17,8 +17,10 @@ from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer
 __all__ = ["make_optimizer", "find_logits", "compute_loss", "make_targets"]
 
 
-def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
-    """Build the step's optimizer over ``params`` (None for ``"none"``)."""
+def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero: bool = False
+                   ) -> torch.optim.Optimizer | None:
+    """Build the step's optimizer over ``params`` (None for ``"none"``); with ``zero``, the
+    same optimizer inside torch.distributed's ZeroRedundancyOptimizer (needs a process group)."""
     if config.optimizer == "none":
         return None
     if not params:
@@ -35,6 +37,10 @@ def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter]) -> torc
                                  f"use --optimizer-impl auto or for-loop")
     kwargs.update(OPTIMIZER_IMPLS[config.optimizer_impl], **config.optimizer_kwargs)
     try:
+        if zero:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
         return cls(params, **kwargs)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise UserInputError(f"building {cls.__name__}(**{kwargs!r}) failed: {exc}; "

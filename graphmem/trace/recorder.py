@@ -34,6 +34,7 @@ from graphmem.trace._torch_api import (
     storage_expired,
     storage_key,
 )
+from graphmem.trace.parallel import local_tensor
 from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, scratch_bytes
 from graphmem.trace.values import Shadows
@@ -45,6 +46,8 @@ _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 # FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
 # real run input and output are one tensor, so only the output is counted.
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
+# ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
+_COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 
 
 def _to_meta(value: Any) -> Any:
@@ -117,7 +120,8 @@ class Recorder(TorchDispatchMode):
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
-        """The record of ``t``'s storage, created now if unseen."""
+        """The record of ``t``'s storage, created now if unseen (a DTensor's: its local tensor's)."""
+        t = local_tensor(t)
         cdata, ref, nbytes = storage_key(t)
         rec = self._live.get(cdata)
         if rec is None or storage_expired(cdata):
@@ -138,6 +142,27 @@ class Recorder(TorchDispatchMode):
             rec.label = label
         if owner:
             self._owner.setdefault(rec.sid, owner)
+
+    def resized(self, t: torch.Tensor) -> None:
+        """``t``'s storage was resized in place (FSDP2 frees and regrows unsharded parameters
+        so): its old size was live until the last op, the new one is live from the next."""
+        cdata, ref, nbytes = storage_key(local_tensor(t))
+        rec = self._live.get(cdata)
+        if rec is not None and rec.nbytes == nbytes:
+            return
+        if rec is not None:
+            if rec.created == len(self.ops):  # grown and freed between the same two ops: never live
+                rec.nbytes = 0
+            rec.released = max(len(self.ops) - 1, rec.created)
+            del self._live[cdata]
+            self._polled.discard(cdata)
+        if nbytes:
+            new = _Storage(len(self.storages), ref, nbytes, len(self.ops), t)
+            new.roles = {*(rec.roles if rec is not None else ()), Role.COMMUNICATION}
+            new.label = rec.label if rec is not None else ""
+            self.storages.append(new)
+            self._live[cdata] = new
+            self._polled.add(cdata)
 
     def add_placeholder(self, t: torch.Tensor, name: str) -> None:
         node = self.graph.placeholder(name.replace(".", "_"))
@@ -238,6 +263,9 @@ class Recorder(TorchDispatchMode):
         out = self._fix_dtypes(func, args, kwargs, _fresh_outputs(func, self._run(func, args, kwargs)))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
+        if func.namespace in _COLLECTIVES:
+            for sid in out_sids:
+                self.storages[sid].roles.add(Role.COMMUNICATION)
         node = self._add_node(func, args, kwargs, out)
         recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
         self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,

@@ -37,6 +37,7 @@ class Role(StrEnum):
     OPTIMIZER_STATE = "optimizer_state"
     SAVED = "saved"
     OUTPUT = "output"
+    COMMUNICATION = "communication"  # buffers of collectives: DDP buckets, FSDP2's all-gathered parameters
 
 
 

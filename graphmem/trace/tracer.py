@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
 from graphmem.job.step import AMP_DTYPES, StepConfig
 from graphmem.trace import generation
@@ -46,6 +47,13 @@ from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.fakes import fake_inputs, fake_parameters
 from graphmem.trace.optim import compute_loss, find_logits, make_optimizer, make_targets
+from graphmem.trace.parallel import (
+    apply_parallel,
+    fake_process_group,
+    following_resizes,
+    meta_copy,
+    zero_partition,
+)
 from graphmem.trace.recorder import Recorder
 from graphmem.trace.records import Phase, Role, Trace
 from graphmem.trace.replica import optimizer_scalar_reads
@@ -62,7 +70,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                step: StepConfig | None = None, device: str = "cpu",
                dtype: torch.dtype | None = None,
                rules: RuleTable | None = None, cuda: CudaKernels | None = None,
-               assume: Mapping[str, str] | None = None) -> Trace:
+               assume: Mapping[str, str] | None = None, parallel: ParallelSpec | None = None,
+               rank: int = 0) -> Trace:
     """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
@@ -77,6 +86,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             ``cpu`` (see graphmem.trace.cuda_kernels for why) and ``device`` is ignored.
         assume: input name -> assumed value (``ones``, ``zeros``, ``arange`` or an integer)
             for answering value reads; see graphmem.trace.values for the defaults.
+        parallel: data-parallel or sharded training (graphmem.trace.parallel); the trace is
+            then ``rank``'s, with a fake process group of the spec's world size.
 
     Returns:
         The Trace.
@@ -91,26 +102,36 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     recorder = Recorder(rules or rules_for(device))
     fake_mode = new_fake_mode()
     target = torch.device("cpu" if cuda is not None else device)
-    with fake_parameters(model, fake_mode, target, dtype) as names, recorder.tracking_modules(model):
-        args, kwargs = fake_inputs(inputs, fake_mode, target)
-        for tensor, (name, role) in names.items():
-            recorder.add_placeholder(tensor, name)
-            recorder.mark(tensor, role, name, owner=name)
-        _declare_inputs(recorder, inputs, args, kwargs, assume or {})
-        kv_bytes = 0
-        with _errors_explained(recorder, model), quiet_fake_tensor_logs():
-            if mode == "train":
-                _read_optimizer_values(model, step, target, recorder)
-            autocast = functools.partial(_autocast, step, target, cuda is not None)
-            with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
-                    _cuda_autocast_rules(cuda is not None, step):
-                if mode == "inference":
-                    _run_inference(model, args, kwargs, recorder, autocast)
-                elif mode == "train":
-                    _run_training(model, args, kwargs, recorder, step, target, autocast)
-                else:
-                    kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
-            recorder.poll()
+    if parallel is not None and parallel.shards:
+        model = meta_copy(model)  # fully_shard changes the module's class and parameters
+    with fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
+        applied = apply_parallel(model, parallel, fake_mode) if parallel else None
+        inner = applied.inner if applied else model
+        if applied:  # the parameters now are the engine's (sharded) ones
+            names = _parameter_names(inner)
+        with recorder.tracking_modules(inner):
+            args, kwargs = fake_inputs(inputs, fake_mode, target)
+            for tensor, (name, role) in names.items():
+                recorder.add_placeholder(tensor, name)
+                recorder.mark(tensor, role, name, owner=name)
+            for tensor in applied.buffers if applied else ():
+                recorder.mark(tensor, Role.COMMUNICATION, "gradient buckets")
+            _declare_inputs(recorder, inputs, args, kwargs, assume or {})
+            kv_bytes = 0
+            with _errors_explained(recorder, model), quiet_fake_tensor_logs():
+                if mode == "train":
+                    _read_optimizer_values(inner, step, target, recorder, parallel, rank)
+                autocast = functools.partial(_autocast, step, target, cuda is not None)
+                with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
+                        _cuda_autocast_rules(cuda is not None, step), following_resizes(recorder.resized):
+                    if mode == "inference":
+                        _run_inference(applied.model if applied else model, args, kwargs, recorder, autocast)
+                    elif mode == "train":
+                        _run_training(applied.model if applied else model, inner, args, kwargs, recorder, step,
+                                      target, autocast, zero=bool(parallel and parallel.degree("zero1") > 1))
+                    else:
+                        kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
+                recorder.poll()
     notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes),
@@ -138,6 +159,23 @@ def _run_generation(model: nn.Module, kwargs: dict[str, Any], recorder: Recorder
         storages[key] = nbytes
     recorder.poll()  # the cache is still referenced here: it stays live to the end
     return sum(storages.values())
+
+
+@contextlib.contextmanager
+def _process_group(parallel: ParallelSpec | None, rank: int) -> Iterator[None]:
+    if parallel is None:
+        yield
+        return
+    with fake_process_group(parallel.world_size, rank):
+        yield
+
+
+def _parameter_names(model: nn.Module) -> dict[torch.Tensor, tuple[str, Role]]:
+    """Parameters and buffers after a strategy was applied (a DTensor names its local shard)."""
+    names: dict[torch.Tensor, tuple[str, Role]] = {p: (name, Role.PARAMETER) for name, p in model.named_parameters()}
+    for name, b in model.named_buffers():
+        names.setdefault(b, (name, Role.BUFFER))
+    return names
 
 
 def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[Any],
@@ -181,9 +219,11 @@ def _not_tracing_to_libraries() -> Iterator[None]:
 
 
 def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,
-                           recorder: Recorder) -> None:
+                           recorder: Recorder, parallel: ParallelSpec | None = None, rank: int = 0) -> None:
     """Values the optimizer reads with .item(), from a real one-element replica (outside the modes)."""
     ndims = [p.dim() for p in model.parameters() if p.requires_grad]
+    if parallel is not None and parallel.degree("zero1") > 1:  # the rank steps its own partition only
+        ndims = [ndims[i] for i in zero_partition(model, parallel.world_size)[rank]]
     recorder.scalar_reads = optimizer_scalar_reads(ndims, step, device.type)
     if recorder.scalar_reads:
         recorder.assumptions.append(
@@ -205,22 +245,24 @@ def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any], re
 class _Loop:
     """The training loop's fixed parts: what ``_micro_step`` and ``_optimizer_step`` share."""
 
-    def __init__(self, model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
-                 step: StepConfig, device: torch.device,
-                 autocast: Callable[[], AbstractContextManager[Any]]) -> None:
+    def __init__(self, model: nn.Module, inner: nn.Module, args: list[Any], kwargs: dict[str, Any],
+                 recorder: Recorder, step: StepConfig, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager[Any]], zero: bool = False) -> None:
         self.model, self.args, self.kwargs, self.recorder, self.step = model, args, kwargs, recorder, step
-        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        self.opt = make_optimizer(step, list(self.params.values()))
+        self.params = {name: p for name, p in inner.named_parameters() if p.requires_grad}
+        self.opt = make_optimizer(step, list(self.params.values()), zero=zero)
         self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
         self.autocast = autocast
         self.targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
 
 
-def _run_training(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
-                  step: StepConfig, device: torch.device,
-                  autocast: Callable[[], AbstractContextManager[Any]]) -> None:
+def _run_training(model: nn.Module, inner: nn.Module, args: list[Any], kwargs: dict[str, Any],
+                  recorder: Recorder, step: StepConfig, device: torch.device,
+                  autocast: Callable[[], AbstractContextManager[Any]], zero: bool = False) -> None:
+    """Train ``model`` (the module called: ``inner`` itself or its DDP wrapper) on the
+    parameters of ``inner``."""
     model.train()
-    loop = _Loop(model, args, kwargs, recorder, step, device, autocast)
+    loop = _Loop(model, inner, args, kwargs, recorder, step, device, autocast, zero)
     # micro-steps after the second repeat it exactly (same tensors, gradients resident)
     micro_steps = min(step.grad_accum, 2)
     with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
@@ -299,8 +341,9 @@ def _optimizer_step(loop: _Loop) -> None:
                 recorder.mark(value, Role.OPTIMIZER_STATE, f"grad_scaler.{key}")
     else:
         opt.step()
+    state = getattr(opt, "optim", opt).state  # ZeroRedundancyOptimizer: its rank's local optimizer
     for name, p in loop.params.items():
-        for key, value in opt.state.get(p, {}).items():
+        for key, value in state.get(p, {}).items():
             if isinstance(value, torch.Tensor):
                 recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
     opt.zero_grad(set_to_none=True)

@@ -1,0 +1,104 @@
+"""``--parallel SPEC``: how the step is spread over GPUs (data parallel, sharded data parallel).
+
+``SPEC`` is a comma list of ``NAME=DEGREE`` whose product is the world size:
+
+- ``ddp=N``: DistributedDataParallel (gradient buckets of ``bucket_mb``, optional bucket views);
+- ``fsdp=N``: FSDP2 ``fully_shard`` on each unit (the repeated blocks by default), then the root;
+- ``ddp=R,fsdp=S``: HSDP, FSDP2 on a 2-D mesh (replicate R x shard S);
+- ``zero1=N``: DistributedDataParallel with ZeroRedundancyOptimizer.
+
+Pure parsing and validation: nothing here imports torch.distributed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from graphmem.errors import UserInputError
+from graphmem.job.spec import parse_dtype
+
+__all__ = ["PARALLEL_NAMES", "ParallelSpec", "parse_parallel"]
+
+# strategy name -> what it is, for messages and --help
+PARALLEL_NAMES = {
+    "ddp": "DistributedDataParallel (replicated parameters, gradient buckets)",
+    "fsdp": "FSDP2 fully_shard (parameters, gradients and optimizer state sharded)",
+    "zero1": "DistributedDataParallel with ZeroRedundancyOptimizer (optimizer state sharded)",
+}
+# planned, named so that the message says so instead of "unknown"
+_NOT_YET = {"tp": "tensor parallel", "pp": "pipeline parallel", "cp": "context parallel"}
+_COMBINATIONS = ({"ddp"}, {"fsdp"}, {"zero1"}, {"ddp", "fsdp"})
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelSpec:
+    """How the step is parallelised; checked when built.
+
+    Attributes:
+        degrees: (strategy, degree) pairs in the order given, e.g. (("ddp", 2), ("fsdp", 4)).
+        bucket_mb: DDP's ``bucket_cap_mb``.
+        bucket_view: DDP's ``gradient_as_bucket_view``.
+        reshard_after_forward: FSDP2's ``reshard_after_forward`` (None: its default, every
+            unit but the root reshards).
+        param_dtype / reduce_dtype: FSDP2's MixedPrecisionPolicy (None: no policy).
+        units: the classes of the modules FSDP2 shards as units; empty: the model's
+            repeated blocks.
+    """
+
+    degrees: tuple[tuple[str, int], ...]
+    bucket_mb: float = 25.0
+    bucket_view: bool = False
+    reshard_after_forward: bool | None = None
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    units: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.degrees]
+        for name, degree in self.degrees:
+            if name in _NOT_YET:
+                raise UserInputError(f"--parallel {name}: {_NOT_YET[name]} is not supported yet; supported: "
+                                     f"{', '.join(PARALLEL_NAMES)}")
+            if name not in PARALLEL_NAMES:
+                raise UserInputError(f"--parallel: unknown strategy {name!r}; expected {', '.join(PARALLEL_NAMES)}")
+            if degree < 1:
+                raise UserInputError(f"--parallel {name}={degree}: the degree must be a positive integer")
+        if len(set(names)) != len(names) or set(names) not in _COMBINATIONS:
+            raise UserInputError(f"--parallel {self.text}: combine at most ddp and fsdp (HSDP); "
+                                 "ddp, fsdp and zero1 work alone")
+        if self.bucket_mb <= 0:
+            raise UserInputError(f"--ddp-bucket-mb must be positive, got {self.bucket_mb}")
+        for dtype in (self.param_dtype, self.reduce_dtype):
+            if dtype is not None:
+                parse_dtype(dtype)
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(degree for _, degree in self.degrees)
+
+    @property
+    def text(self) -> str:
+        return ",".join(f"{name}={degree}" for name, degree in self.degrees)
+
+    def degree(self, name: str) -> int:
+        """The degree of one strategy (1 when absent)."""
+        return dict(self.degrees).get(name, 1)
+
+    @property
+    def shards(self) -> bool:
+        """FSDP2 shards the parameters."""
+        return "fsdp" in dict(self.degrees)
+
+
+def parse_parallel(text: str) -> ParallelSpec:
+    """``"fsdp=8"`` or ``"ddp=2,fsdp=4"`` -> ParallelSpec (default engine settings)."""
+    degrees = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*(\d+)\s*", part)
+        if match is None:
+            raise UserInputError(f"malformed --parallel {text!r}; expected NAME=DEGREE[,NAME=DEGREE], "
+                                 "e.g. fsdp=8 or ddp=2,fsdp=4")
+        degrees.append((match[1].lower(), int(match[2])))
+    return ParallelSpec(tuple(degrees))

@@ -1,0 +1,61 @@
+"""--parallel: the per-rank table and JSON (every distinct rank, the highest first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tabulate import tabulate
+
+from graphmem.memory.results import Category, MemoryReport, ModeReport, RankReport
+
+__all__ = ["parallel_json", "parallel_table"]
+
+
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
+
+
+def _peak(m: ModeReport) -> int:
+    return m.allocator.allocated_peak_bytes if m.allocator else m.peak_bytes
+
+
+def parallel_table(report: MemoryReport, mode: ModeReport, fmt: Callable[[int], str]) -> str:
+    """One row per distinct rank: its peak, where, and what is live there."""
+    cuda = mode.ranks[0].report.allocator is not None
+    head = ["ranks", "allocated peak" if cuda else "peak", "phase", "parameters", "gradients", "optimizer state",
+            "activations", "communication"]
+    rows = []
+    for r in mode.ranks:
+        m, b = r.report, r.report.breakdown
+        rows.append([_ranks_text(r.ranks), fmt(_peak(m)), f"{m.peak.phase} (iteration {m.peak.iteration + 1})",
+                     fmt(b[Category.PARAMETER]), fmt(b[Category.GRADIENT]), fmt(b[Category.OPTIMIZER_STATE]),
+                     fmt(b[Category.ACTIVATION]), fmt(b[Category.COMMUNICATION])])
+    world = sum(len(r.ranks) for r in mode.ranks)
+    title = (f"Per GPU, {mode.mode} with {report.parallel} ({world} ranks; one row per group of ranks whose "
+             "memory is the same; the sizes are those live at each rank's peak)")
+    return str(title + "\n" + tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True))
+
+
+def _rank_dict(r: RankReport) -> dict[str, Any]:
+    m = r.report
+    data: dict[str, Any] = {"rank": r.rank, "ranks": list(r.ranks), "peak_bytes": m.peak_bytes,
+                            "peak": {"op": m.peak.op, "module": m.peak.module, "phase": m.peak.phase,
+                                     "iteration": m.peak.iteration, "step": m.peak.step},
+                            "breakdown": {str(k): v for k, v in m.breakdown.items()}}
+    if m.allocator is not None:
+        data.update(allocated_peak_bytes=m.allocator.allocated_peak_bytes,
+                    reserved_peak_bytes=m.allocator.reserved_peak_bytes)
+    return data
+
+
+def parallel_json(mode: ModeReport) -> dict[str, Any]:
+    """``ranks``: one object per distinct rank, the highest first (the mode's own numbers are its)."""
+    return {"ranks": [_rank_dict(r) for r in mode.ranks]} if mode.ranks else {}

@@ -1,0 +1,297 @@
+"""Data-parallel and sharded training, by PyTorch's own engines under a fake process group.
+
+``--parallel`` (graphmem.job.parallel) is applied to the fake model by the real
+``DistributedDataParallel``, FSDP2 ``fully_shard`` and ``ZeroRedundancyOptimizer``, with
+``torch.distributed`` initialised on PyTorch's fake backend (its collectives return at once
+and touch no data) as one rank of ``world_size``.  The recorder then records that rank's step
+like any other: the all-gathered parameters, the reduce-scatter inputs and the sharded
+gradients and optimizer state are the engines' own tensors.
+
+Three things the engines do outside the dispatcher, and how they are followed:
+
+- FSDP2 frees and regrows the unsharded parameters by resizing their storages
+  (``_fsdp_param.alloc_storage`` / ``free_storage``); both are wrapped to tell the recorder,
+  which ends the storage's old lifetime and starts a new one with the new size.
+- DDP allocates its gradient buckets in C++ at construction (seen here as ops, since the fake
+  mode is active) and checks parameter values across ranks (no values on fake tensors:
+  skipped); its all-reduce runs through a comm hook that does what the default one does
+  (divide the bucket in place, all-reduce it in place) because the fake backend's future
+  holds no tensor.  DDP's rebuild of its buckets at the start of the second forward (same
+  sizes, in the order gradients became ready) is skipped: its transient second set of
+  buckets is not modelled.
+- Construction (sharding the parameters, allocating buckets) runs before the recorded step;
+  what it leaves alive is live from the first op on, what it frees is not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from graphmem.errors import UnsupportedError, UserInputError
+from graphmem.job.parallel import ParallelSpec
+from graphmem.job.spec import parse_dtype
+from graphmem.trace._torch_api import TorchDispatchMode
+
+__all__ = ["Applied", "apply_parallel", "distinct_ranks", "fake_process_group", "fsdp_units",
+           "following_resizes", "local_tensor", "meta_copy", "zero_partition"]
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+# DDP's check that every rank has the same parameter shapes (it reads values)
+_VERIFY = "_verify_param_shape_across_processes"
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own tensor behind a DTensor (its storage is what the rank holds); ``t`` otherwise."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """``torch.distributed`` initialised on the fake backend as ``rank`` of ``world_size``."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UnsupportedError("this torch build has no torch.distributed; --parallel needs it")
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    if dist.is_initialized():
+        raise UnsupportedError("a torch.distributed process group is already initialised in this process; "
+                               "--parallel runs its own fake one")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_units(model: nn.Module, spec: ParallelSpec) -> tuple[str, ...]:
+    """The classes FSDP2 shards as units: ``spec.units``, else the model's own
+    ``_no_split_modules`` (transformers), else the class of the largest repeated child list."""
+    present = {type(m).__name__ for m in model.modules()}
+    if spec.units:
+        missing = sorted(set(spec.units) - present)
+        if missing:
+            raise UserInputError(f"--fsdp-units: no module of class {', '.join(missing)} in the model; "
+                                 f"its classes are: {', '.join(sorted(present))}")
+        return spec.units
+    declared = tuple(name for name in getattr(model, "_no_split_modules", None) or () if name in present)
+    if declared:
+        return declared
+    best: tuple[int, str] | None = None
+    for module in model.modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.children())
+        names = {type(c).__name__ for c in children}
+        if len(children) >= 2 and len(names) == 1 and not isinstance(children[0], _CONTAINERS):
+            size = sum(p.numel() for p in module.parameters())
+            if best is None or size > best[0]:
+                best = (size, names.pop())
+    return (best[1],) if best else ()
+
+
+def _fsdp_signature(model: nn.Module, spec: ParallelSpec, rank: int) -> tuple[int, ...]:
+    """Rows of every parameter this rank holds under FSDP2's dim-0 sharding (equal tuples: equal ranks)."""
+    shards = spec.degree("fsdp")
+    index = rank % shards  # the mesh is (replicate, shard): the shard index is the fast one
+    rows = []
+    for p in model.parameters():
+        dim0 = p.shape[0] if p.dim() else 1
+        chunk = -(-dim0 // shards)
+        rows.append(max(0, min(chunk, dim0 - index * chunk)))
+    return tuple(rows)
+
+
+def zero_partition(model: nn.Module, world_size: int) -> list[list[int]]:
+    """The trainable parameters (indices, in order) whose optimizer state each rank holds."""
+    return _zero_partition([p.numel() for p in model.parameters() if p.requires_grad], world_size)
+
+
+def _zero_partition(sizes: list[int], world_size: int) -> list[list[int]]:
+    """ZeroRedundancyOptimizer's partition: parameters sorted by size, largest first, each to
+    the rank holding the fewest elements so far (ties: the lowest rank); indices per rank."""
+    loads = [0] * world_size
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        parts[rank].append(i)
+        loads[rank] += sizes[i]
+    return parts
+
+
+def distinct_ranks(model: nn.Module, spec: ParallelSpec) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The ranks whose memory can differ: (a representative rank, every rank it stands for).
+
+    FSDP2 ranks differ by their shards' rows (uneven dim 0); ZeroRedundancyOptimizer's by the
+    parameters whose state they hold; DDP's ranks are alike.
+    """
+    world = spec.world_size
+    if spec.shards:
+        keys: list[Any] = [_fsdp_signature(model, spec, r) for r in range(world)]
+    elif "zero1" in dict(spec.degrees):
+        params = [p for p in model.parameters() if p.requires_grad]
+        parts = _zero_partition([p.numel() for p in params], world)
+        keys = [tuple(sorted(tuple(params[i].shape) for i in part)) for part in parts]
+    else:
+        keys = [()] * world
+    groups: dict[Any, list[int]] = {}
+    for rank, key in enumerate(keys):
+        groups.setdefault(key, []).append(rank)
+    return tuple((ranks[0], tuple(ranks)) for ranks in groups.values())
+
+
+class _Created(TorchDispatchMode):
+    """Construction: every tensor the engines create, by weak reference."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors: list[weakref.ref[torch.Tensor]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.tensors.append(weakref.ref(t))
+        return out
+
+    def alive(self) -> list[torch.Tensor]:
+        found = (ref() for ref in self.tensors)
+        return [t for t in found if t is not None]
+
+
+@dataclass(slots=True)
+class Applied:
+    """The model as the training loop calls it, and what construction left alive."""
+
+    model: nn.Module                 # the module to call (DDP's wrapper, or the FSDP2 model)
+    inner: nn.Module                 # the user's model, with its (sharded) parameters
+    buffers: list[torch.Tensor]      # communication buffers the engines allocated (DDP's buckets)
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (no memory),
+    for engines that change the module they are given (fully_shard changes its class)."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
+def apply_parallel(model: nn.Module, spec: ParallelSpec, fake_mode: Any) -> Applied:
+    """Apply ``spec`` to ``model`` (whose parameters are fake; FSDP2 changes it: give it a
+    ``meta_copy``) inside ``fake_mode``.
+
+    Needs ``fake_process_group``.  The mesh is made before the fake mode is entered (it reads
+    real values).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = None
+    if spec.shards:
+        replicate, shard = spec.degree("ddp"), spec.degree("fsdp")
+        mesh = (init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
+                if replicate > 1 else init_device_mesh("cpu", (shard,)))
+    created = _Created()
+    with fake_mode, created:
+        if spec.shards:
+            wrapped = _fully_shard(model, spec, mesh)
+        else:
+            wrapped = _ddp(model, spec)
+    buffers = []
+    if not spec.shards:  # DDP: what construction allocated and still holds is its buckets
+        own = {id(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
+        buffers = [t for t in created.alive() if id(t.untyped_storage()) not in own]
+    return Applied(model=wrapped, inner=model, buffers=buffers)
+
+
+def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    units = fsdp_units(model, spec)
+    policy = MixedPrecisionPolicy(
+        param_dtype=parse_dtype(spec.param_dtype) if spec.param_dtype else None,
+        reduce_dtype=parse_dtype(spec.reduce_dtype) if spec.reduce_dtype else None)
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward, "mp_policy": policy}
+    for module in [m for m in model.modules() if type(m).__name__ in units and m is not model]:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _ddp(model: nn.Module, spec: ParallelSpec) -> nn.Module:
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as ddp_module
+
+    world = spec.world_size
+
+    def allreduce_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        # what DDP's default C++ hook does: divide in place, all-reduce in place, return the bucket
+        tensor = bucket.buffer()
+        tensor.div_(world)
+        dist.all_reduce(tensor)
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(tensor)
+        return future
+
+    check = getattr(ddp_module, _VERIFY)
+    setattr(ddp_module, _VERIFY, lambda *args, **kwargs: None)  # it reads values, which fakes lack
+    try:
+        wrapped = ddp_module.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_mb,
+                                                     gradient_as_bucket_view=spec.bucket_view)
+    finally:
+        setattr(ddp_module, _VERIFY, check)
+    allreduce_hook.__annotations__ = {}  # DDP checks the annotations are its own classes, or none
+    wrapped.register_comm_hook(None, allreduce_hook)
+    wrapped.reducer = _NoRebuild(wrapped.reducer)  # type: ignore[assignment]
+    return wrapped
+
+
+class _NoRebuild:
+    """DDP's reducer, except that it never rebuilds its buckets (that syncs values across ranks)."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Call ``resized(tensor)`` after every storage resize FSDP2 makes (alloc/free of the
+    unsharded parameters), while inside."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:  # no FSDP2 in this torch: nothing resizes
+        yield
+        return
+    originals = {(m, name): getattr(m, name) for m in (_fsdp_param, _fsdp_param_group)
+                 for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
+
+    def wrap(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+        def run(tensor: torch.Tensor) -> None:
+            original(tensor)
+            resized(tensor)
+        return run
+
+    for (module, name), original in originals.items():
+        setattr(module, name, wrap(original))
+    try:
+        yield
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
