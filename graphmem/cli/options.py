@@ -145,6 +145,9 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      help="Training spread over GPUs, applied by PyTorch's own engines; memory per GPU: "
                           "ddp=8 (DistributedDataParallel), fsdp=8 (FSDP2 fully_shard), ddp=2,fsdp=4 "
                           "(HSDP), zero1=8 (DDP with ZeroRedundancyOptimizer)."),
+        click.Option(["--parallelize"], default=None, metavar="pkg.module:fn",
+                     help="With --parallel: your own fn(model, mesh) that applies your parallelism (the "
+                          "one your trainer calls), run unchanged on the mesh --parallel describes."),
         click.Option(["--fsdp-units"], default="", metavar="CLASS[,CLASS]",
                      help="With fsdp: the classes of the modules sharded as units (default: the model's "
                           "repeated blocks)."),
@@ -208,4 +211,4 @@ def job_from(options: Mapping[str, Any]) -> Job:
         ddp_bucket_mb=options["ddp_bucket_mb"], ddp_bucket_view=options["ddp_bucket_view"],
         reshard_after_forward={"default": None, "true": True, "false": False}[options["reshard_after_forward"]],
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
-        fsdp_units=options["fsdp_units"], name=name)
+        fsdp_units=options["fsdp_units"], parallelize=options["parallelize"], name=name)

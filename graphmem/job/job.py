@@ -8,7 +8,7 @@ and the model is built by the pipeline (graphmem.api), never here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -140,7 +140,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
              parallel: str | ParallelSpec | None = None, ddp_bucket_mb: float = 25.0,
              ddp_bucket_view: bool = False, reshard_after_forward: bool | None = None,
              mp_param_dtype: str | None = None, mp_reduce_dtype: str | None = None,
-             fsdp_units: Sequence[str] | str = (), name: str | None = None) -> Job:
+             fsdp_units: Sequence[str] | str = (), parallelize: str | Callable[..., Any] | None = None,
+             name: str | None = None) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
     ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
@@ -148,7 +149,9 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     ``parallel`` is ``"fsdp=8"``, ``"ddp=8"``, ``"ddp=2,fsdp=4"`` or ``"zero1=8"``
     (graphmem.job.parallel), with the engines' settings: DDP's ``bucket_cap_mb`` and
     ``gradient_as_bucket_view``; FSDP2's ``reshard_after_forward``, MixedPrecisionPolicy
-    dtypes and the classes of the modules sharded as units.
+    dtypes and the classes of the modules sharded as units.  ``parallelize`` is your own
+    ``fn(model, mesh)`` (or ``"pkg.module:fn"``), run instead of graphmem's strategies on the
+    mesh ``parallel`` describes.
 
     Raises:
         UserInputError: any invalid value, before anything is imported or traced.
@@ -161,7 +164,9 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     if isinstance(parallel, str):
         parallel = replace(parse_parallel(parallel), bucket_mb=ddp_bucket_mb, bucket_view=ddp_bucket_view,
                            reshard_after_forward=reshard_after_forward, param_dtype=mp_param_dtype,
-                           reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units))
+                           reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units), parallelize=parallelize)
+    elif parallelize is not None:
+        raise UserInputError("--parallelize needs --parallel to describe the mesh, e.g. --parallel fsdp=8")
     return Job(model=model, inputs=_input_texts(inputs), mode=mode, step=step,
                device=device or ("cuda" if gpu else "cpu"),
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),

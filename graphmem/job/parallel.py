@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from graphmem.errors import UserInputError
 from graphmem.job.spec import parse_dtype
@@ -45,6 +47,10 @@ class ParallelSpec:
         param_dtype / reduce_dtype: FSDP2's MixedPrecisionPolicy (None: no policy).
         units: the classes of the modules FSDP2 shards as units; empty: the model's
             repeated blocks.
+        parallelize: the user's own function ``fn(model, mesh)`` (or its ``pkg.module:fn``)
+            that applies their parallelism instead of graphmem's; ``mesh`` has one dimension
+            per strategy, named as in ``degrees``.  It may return the module to call (a DDP
+            wrapper); otherwise the model it changed is called.
     """
 
     degrees: tuple[tuple[str, int], ...]
@@ -54,6 +60,7 @@ class ParallelSpec:
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     units: tuple[str, ...] = ()
+    parallelize: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.degrees]

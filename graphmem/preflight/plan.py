@@ -5,7 +5,8 @@ Input: a ``Job`` with concrete inputs and a ``Budget``.  Output: a frozen ``Plan
 
 Training remedies: the largest batch that fits, activation checkpointing of each repeated
 block class, bf16/fp16 autocast, SGD / SGD with momentum / AdamW / 8-bit AdamW, gradient
-accumulation, ZeRO-1/2/3 (FSDP) over N GPUs and CPU offload of the optimizer (formulas),
+accumulation, ZeRO-1 and FSDP2 (with and without resharding after forward) over N GPUs
+(analysed by running the engines), CPU offload of the optimizer (formula),
 torch.nn.utils.prune (analysed) and layers made smaller (formula).  Inference remedies: the
 largest batch, bf16/fp16 weights, bf16/fp16 autocast, int8/int4 weight-only quantization
 (formula), pruning (analysed, and CSR storage by formula).

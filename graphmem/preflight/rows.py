@@ -16,6 +16,7 @@ from typing import Any
 from graphmem.errors import GraphmemError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource
+from graphmem.job.parallel import parse_parallel
 from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec, substitute
 from graphmem.memory.results import ModeReport
 from graphmem.preflight.budget import Budget
@@ -29,7 +30,6 @@ from graphmem.preflight.formulas import (
     offload_scaling,
     scaled_peak,
     shrink_scaling,
-    zero_scaling,
 )
 from graphmem.preflight.model_facts import ModelFacts, pruned_factory
 
@@ -63,8 +63,9 @@ class PlanRow:
     Attributes:
         name: what to do, in words.
         changes: the same as data: batch, optimizer, amp, checkpoint, grad_accum, dtype,
-            prune_amount / prune_remove (analysed); zero_stage, world_size, offload,
-            quantize, sparse, shrink (formulas).
+            prune_amount / prune_remove, parallel ("zero1=8", "fsdp=8", "fsdp=8:keep": FSDP2
+            without resharding after forward) (analysed); offload, quantize, sparse, shrink
+            (formulas).
         peak_bytes: the predicted peak (the budget's metric: allocated on cuda).
         saving_bytes: baseline peak minus this peak (negative: it adds memory).
         extra_compute: FLOPs per sample over the baseline's, minus 1 (0.33: a third more);
@@ -148,6 +149,9 @@ def job_with(ctx: PlanContext, changes: Mapping[str, Any]) -> Job:
     if "dtype" in changes:
         inputs = [_float_inputs_to(t, changes["dtype"]) for t in inputs]
         updates["dtype"] = parse_dtype(changes["dtype"])
+    if "parallel" in changes:
+        text, _, keep = changes["parallel"].partition(":")
+        updates["parallel"] = replace(parse_parallel(text), reshard_after_forward=False if keep else None)
     if "prune_amount" in changes:
         updates.update(model=pruned_factory(ctx.source, ctx.job.model_kwargs, changes["prune_amount"],
                                             changes.get("prune_remove", False), ctx.job.hf_config),
@@ -270,14 +274,23 @@ def prune_rows(ctx: PlanContext) -> list[Analysed | str]:
     ]
 
 
-def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed]:
-    """ZeRO-1/2/3 (FSDP) over ``world_size`` GPUs and CPU offload of the optimizer (training)."""
+def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed | str]:
+    """ZeRO-1 (DDP + ZeroRedundancyOptimizer), FSDP2 without and with resharding after forward
+    over ``world_size`` GPUs, each analysed by running the engine (per GPU, the highest rank),
+    and CPU offload of the optimizer (formula).  None when the job is already parallel."""
+    if ctx.job.parallel is not None:
+        return []
     n = ctx.world_size
-    comm = {1: "communication as DDP", 2: "communication as DDP",
-            3: f"1.5x DDP's communication; + one gathered unit ({ctx.facts.unit_bytes:,} B) in fwd/bwd"}
-    rows = [scaled_row(ctx, on, f"ZeRO-{s}{' / FSDP' if s == 3 else ''} over {n} GPUs",
-                       {"zero_stage": s, "world_size": n}, zero_scaling(s, n, ctx.facts.unit_bytes),
-                       effort=2, note=comm[s]) for s in (1, 2, 3)]
+    base = dict(on.row.changes) if on is not None else {}
+    prefix = f"{on.row.name} + " if on is not None else ""
+    rows: list[Analysed | str] = []
+    for spec, name, note in (
+            (f"zero1={n}", f"ZeRO-1 over {n} GPUs (DDP + ZeroRedundancyOptimizer)", "communication as DDP"),
+            (f"fsdp={n}:keep", f"FSDP2 over {n} GPUs, parameters kept after forward (ZeRO-2-like)",
+             "all-gathers once per step; gradients reduce-scattered"),
+            (f"fsdp={n}", f"FSDP2 over {n} GPUs (ZeRO-3)", "1.5x DDP's communication; all-gathers in forward "
+             "and backward")):
+        rows.append(analysed_row(ctx, prefix + name, {**base, "parallel": spec}, effort=2, note=note))
     rows.append(scaled_row(ctx, on, "CPU offload of optimizer state", {"offload": "optimizer"},
                            offload_scaling(), effort=2,
                            note="optimizer step on the CPU; gradients and parameters cross PCIe every step"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from graphmem.errors import UnsupportedError, UserInputError
+from graphmem.errors import GraphmemError, UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
 from graphmem.trace._torch_api import TorchDispatchMode
@@ -197,22 +198,60 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, fake_mode: Any) -> Appl
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = None
-    if spec.shards:
-        replicate, shard = spec.degree("ddp"), spec.degree("fsdp")
-        mesh = (init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
-                if replicate > 1 else init_device_mesh("cpu", (shard,)))
+    names = tuple(name for name, _ in spec.degrees)
     created = _Created()
-    with fake_mode, created:
+    if spec.parallelize is not None:
+        mesh = init_device_mesh("cpu", tuple(d for _, d in spec.degrees), mesh_dim_names=names)
+        wrapped = _users_own(model, spec, mesh, fake_mode, created)
+    else:
+        mesh = None
         if spec.shards:
-            wrapped = _fully_shard(model, spec, mesh)
-        else:
-            wrapped = _ddp(model, spec)
-    buffers = []
-    if not spec.shards:  # DDP: what construction allocated and still holds is its buckets
-        own = {id(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]}
-        buffers = [t for t in created.alive() if id(t.untyped_storage()) not in own]
+            replicate, shard = spec.degree("ddp"), spec.degree("fsdp")
+            mesh = (init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
+                    if replicate > 1 else init_device_mesh("cpu", (shard,)))
+        with fake_mode, created:
+            wrapped = _fully_shard(model, spec, mesh) if spec.shards else _ddp(model, spec)
+    # what construction allocated, still holds, and is no parameter or buffer: DDP's buckets
+    own = {local_tensor(t).untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+    buffers = [t for t in created.alive() if t.untyped_storage()._cdata not in own and t.untyped_storage().nbytes()]
     return Applied(model=wrapped, inner=model, buffers=buffers)
+
+
+def _users_own(model: nn.Module, spec: ParallelSpec, mesh: Any, fake_mode: Any, created: _Created) -> nn.Module:
+    """Run the user's ``parallelize(model, mesh)`` unchanged on the fake model."""
+    import torch.nn.parallel.distributed as ddp_module
+
+    fn = spec.parallelize
+    if isinstance(fn, str):
+        fn = _import_function(fn)
+    assert callable(fn), "apply_parallel: parallelize is neither text nor callable"
+    check = getattr(ddp_module, _VERIFY)
+    setattr(ddp_module, _VERIFY, lambda *args, **kwargs: None)
+    try:
+        with fake_mode, created:
+            result = fn(model, mesh)
+    except GraphmemError:
+        raise
+    except Exception as exc:
+        raise UserInputError(f"your --parallelize function {getattr(fn, '__qualname__', fn)} failed on the fake "
+                             f"model: {type(exc).__name__}: {exc}") from exc
+    finally:
+        setattr(ddp_module, _VERIFY, check)
+    wrapped = result if isinstance(result, nn.Module) else model
+    if isinstance(wrapped, ddp_module.DistributedDataParallel):
+        _fake_allreduce(wrapped, spec.world_size)
+    return wrapped
+
+
+def _import_function(text: str) -> Callable[..., Any]:
+    module_name, _, attr = text.rpartition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UserInputError(f"cannot load --parallelize {text!r}: {exc}; give pkg.module:function") from exc
+    if not callable(fn):
+        raise UserInputError(f"--parallelize {text!r} is not a function")
+    return fn  # type: ignore[no-any-return]
 
 
 def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
@@ -230,10 +269,23 @@ def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
 
 
 def _ddp(model: nn.Module, spec: ParallelSpec) -> nn.Module:
-    import torch.distributed as dist
     import torch.nn.parallel.distributed as ddp_module
 
     world = spec.world_size
+    check = getattr(ddp_module, _VERIFY)
+    setattr(ddp_module, _VERIFY, lambda *args, **kwargs: None)  # it reads values, which fakes lack
+    try:
+        wrapped = ddp_module.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_mb,
+                                                     gradient_as_bucket_view=spec.bucket_view)
+    finally:
+        setattr(ddp_module, _VERIFY, check)
+    _fake_allreduce(wrapped, world)
+    return wrapped
+
+
+def _fake_allreduce(wrapped: Any, world: int) -> None:
+    """Give a DDP module the all-reduce of DDP's default hook, and no bucket rebuild."""
+    import torch.distributed as dist
 
     def allreduce_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         # what DDP's default C++ hook does: divide in place, all-reduce in place, return the bucket
@@ -244,17 +296,9 @@ def _ddp(model: nn.Module, spec: ParallelSpec) -> nn.Module:
         future.set_result(tensor)
         return future
 
-    check = getattr(ddp_module, _VERIFY)
-    setattr(ddp_module, _VERIFY, lambda *args, **kwargs: None)  # it reads values, which fakes lack
-    try:
-        wrapped = ddp_module.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_mb,
-                                                     gradient_as_bucket_view=spec.bucket_view)
-    finally:
-        setattr(ddp_module, _VERIFY, check)
     allreduce_hook.__annotations__ = {}  # DDP checks the annotations are its own classes, or none
     wrapped.register_comm_hook(None, allreduce_hook)
-    wrapped.reducer = _NoRebuild(wrapped.reducer)  # type: ignore[assignment]
-    return wrapped
+    wrapped.reducer = _NoRebuild(wrapped.reducer)
 
 
 class _NoRebuild:

@@ -102,8 +102,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     recorder = Recorder(rules or rules_for(device))
     fake_mode = new_fake_mode()
     target = torch.device("cpu" if cuda is not None else device)
-    if parallel is not None and parallel.shards:
-        model = meta_copy(model)  # fully_shard changes the module's class and parameters
+    if parallel is not None and (parallel.shards or parallel.parallelize is not None):
+        model = meta_copy(model)  # fully_shard (and user code) changes the module's class and parameters
     with fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
         applied = apply_parallel(model, parallel, fake_mode) if parallel else None
         inner = applied.inner if applied else model

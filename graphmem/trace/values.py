@@ -30,6 +30,10 @@ from graphmem.trace._torch_api import unset_fake_temporarily
 __all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT"]
 
 SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of real memory
+# factories of uninitialised memory: their values are unknown in a real run too (FSDP2's
+# all-gather buffers are made so, then written by collectives)
+_UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
+                            torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +82,26 @@ class Shadows:
         """Run ``func`` on the shadows of its arguments, when they all have one."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not outs or any(self.get(t) is None for t in tensors) or any(o.numel() > SHADOW_LIMIT for o in outs):
+        if any(self.get(t) is None for t in tensors):
+            self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
+            return
+        if not outs or any(o.numel() > SHADOW_LIMIT for o in outs) or func.overloadpacket in _UNINITIALISED:
             return
         self.attach(args, kwargs, out, self.run(func, args, kwargs))
+
+    def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
+        """Drop the shadows of the arguments ``func`` writes (in place or ``out=``): a buffer
+        made from constants (FSDP2's all-gather outputs) then holds values no shadow knows."""
+        schema = getattr(func, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return
+        for i, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(argument.name)
+            for t in tree_flatten(value)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._shadows.pop(t, None)
 
     def attach(self, args: Any, kwargs: Any, out: Any, real: Any) -> None:
         """Record ``real`` as the values of the fake outputs ``out`` of an op on ``args``."""
