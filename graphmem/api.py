@@ -69,7 +69,7 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
         The CUDA target is modelled from PyTorch's source, not yet measured on a GPU.
     """
     if not isinstance(job, Job):
-        job = make_job(job, inputs, **keywords)
+        job = make_job(keywords.pop("model", job), keywords.pop("inputs", inputs), **keywords)
     elif inputs or keywords:
         job = job.updated(**({"inputs": inputs} if inputs else {}), **keywords)
     if policy not in POLICIES:

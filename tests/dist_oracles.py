@@ -1,77 +1,91 @@
 """Per-rank ground truth for data-parallel training: run it for real with gloo on CPU, count storages.
 
 Independent of graphmem's code (imports nothing from ``graphmem``).  ``world_size`` processes are
-spawned on this machine; they meet over TCP on 127.0.0.1 only (a free port picked here) and each
-runs the training step for real while a TorchDispatchMode counts the bytes of its live tensor
-storages after every aten op: the method of ``tests/oracles.py`` (``LiveStorages``), extended for
-distributed runs as described under "Counting" below.
+spawned (torch.multiprocessing, "spawn", OMP_NUM_THREADS=1); each runs the training step for real
+while a TorchDispatchMode counts the bytes of its live tensor storages after every aten op: the
+method of ``tests/oracles.py`` (``LiveStorages``), extended for distributed runs ("Counting" below).
+Networking: the ranks meet through a FileStore in the run's temporary directory and gloo connects
+them over 127.0.0.1 only (TCPStore is not used: its server listens on every interface).
 
 Set-up, identical on every rank:
     torch.manual_seed(0); model = build(); model.train()
     torch.manual_seed(1000 + rank); inputs = tests.oracles.real_inputs(inputs, int_high)
-    (each rank its own local batch, same shapes; values never change memory here)
+    (each rank its own local batch, same shapes; the values never change memory here)
 
 Strategies, applied exactly like this (the predictor applies them identically):
     "ddp":   model = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb,
                                              gradient_as_bucket_view=gradient_as_bucket_view)
-             opt = tests.oracles.OPTIMIZERS[optimizer](params of model.parameters() that require grad)
-    "fsdp":  FSDP2.  mesh = init_device_mesh("cpu", (world_size,)); kwargs = dict(mesh=mesh,
-             reshard_after_forward=reshard_after_forward) plus mp_policy=MixedPrecisionPolicy(
+             opt = tests.oracles.OPTIMIZERS[optimizer]([p for p in model.parameters() if p.requires_grad])
+    "fsdp":  FSDP2.  mesh = init_device_mesh("cpu", (world_size,)), made before the model and before
+             counting starts (its rank tensor, world_size int32, is communication set-up like the
+             process group: not counted).  kwargs = dict(mesh=mesh,
+             reshard_after_forward=reshard_after_forward), plus mp_policy=MixedPrecisionPolicy(
              param_dtype=..., reduce_dtype=...) only when param_dtype or reduce_dtype is given
-             ("bfloat16", "float16", "float32"); fully_shard(m, **kwargs) on every submodule whose
-             class name is in ``units`` (collected in model.modules() order before any is sharded;
-             the root itself is not in that list), then fully_shard(model, **kwargs).
-             opt = OPTIMIZERS[optimizer](model.parameters() that require grad)  (DTensor parameters)
+             ("bfloat16", "float16", "float32"; the one not given is None).  fully_shard(m, **kwargs)
+             on every submodule whose class name is in ``units`` (collected in model.modules() order
+             before any is sharded; the root is not among them), then fully_shard(model, **kwargs).
+             opt = OPTIMIZERS[optimizer]([p for p in model.parameters() if p.requires_grad])  (DTensors)
     "zero1": DDP as above, then opt = torch.distributed.optim.ZeroRedundancyOptimizer(
-             model.parameters(), optimizer_class=<torch.optim class>, **<its kwargs in
-             tests.oracles.OPTIMIZERS>)   (see ZERO_OPTIMIZERS)
+             model.parameters(), optimizer_class=cls, **kwargs) with (cls, kwargs) =
+             ZERO_OPTIMIZERS[optimizer], the class and arguments of tests.oracles.OPTIMIZERS.
 
 The step, per iteration, in a function whose locals die at its return (as tests/oracles.py):
     out = model(*inputs); loss = loss_fn(out); loss.backward(); opt.step();
     opt.zero_grad(set_to_none=True)        # out and loss are held until after the optimizer step
-Phases: "forward" (model(*inputs), FSDP's all-gathers included), "loss", "backward" (DDP's
-all-reduces and FSDP's reduce-scatters included), "optimizer" (step and zero_grad; ZeRO's
-parameter broadcasts included).  The loss targets of "cross_entropy"/"nll" are made at the first
+Phases: "forward" (model(*inputs), FSDP's all-gathers and DDP's bucket rebuild included), "loss",
+"backward" (DDP's all-reduces, FSDP's reduce-scatters included), "optimizer" (step and zero_grad,
+ZeRO's parameter broadcasts included).  The targets of "cross_entropy"/"nll" are made at the first
 loss and stay alive, as in tests/oracles.py.
 
 Counting (what this oracle adds to tests/oracles.py):
   * The counter is entered BEFORE the strategy is applied; the model's parameters, buffers and
-    the inputs are registered first.  Every storage an aten op sees or returns on the main thread
-    is tracked, so storages that the engines allocate in C++ are found by their own ops: C++ calls
-    such as DDP's Reducer ``at::empty`` for its gradient buckets (at construction, and again when
-    it rebuilds them at the start of the second forward) go through the dispatcher and reach the
-    mode like any Python op (checked in tests/integration/test_dist_oracle.py: DDP's start equals
-    parameters + buckets + inputs, buckets = parameter bytes).
+    the inputs are registered first.  Every storage that an aten op sees or returns on the main
+    thread is tracked, including the storages the engines allocate from C++: their ``at::empty``
+    goes through the dispatcher and reaches the mode like a Python op (DDP's Reducer allocating its
+    gradient buckets at construction and re-allocating them at the start of the second forward).
+    tests/integration/test_dist_oracle.py checks it: DDP's start = parameters + buckets + inputs,
+    the buckets being as many bytes as the parameters.
   * ``start_bytes`` is taken after the strategy and the optimizer are built, just before the first
     iteration; ``peak_bytes`` and ``phase_peaks`` cover the iterations only.  What construction
     allocates and releases (FSDP's unsharded originals, DDP's broadcast temporaries) does not count.
-  * A tensor subclass (DTensor, and any traceable wrapper subclass) counts by its inner tensors'
+    The first fully_shard call leaves some of its frames in a reference cycle that holds its
+    unit's original parameters, so gc.collect() runs before start_bytes is taken; the cyclic
+    collector is then off during the iterations (a warning says if the iterations left storages in
+    reference cycles; LAST_DETAILS[rank]["cyclic_bytes"]).
+  * A tensor subclass (DTensor, any traceable wrapper subclass) counts by its inner tensors'
     storages (a DTensor by its local shard), never by its global shape.
   * Sizes are re-read from every tracked storage after every op (``storage.nbytes()``), so FSDP2's
     ``untyped_storage().resize_(0)`` / ``resize_(size)`` (``free_storage`` / ``alloc_storage``),
     which are not aten ops, are followed.
-  * Every collective (any ``c10d`` op the mode sees, including those the DDP Reducer launches from
-    C++ in backward) is waited on at once, and then drained: the default gloo group is built with
-    ONE worker thread (``_threads = 1``, device bound to 127.0.0.1) and a barrier is run after the
-    wait, so the worker has dropped its references to the collective's tensors before the program
-    goes on.  Tensors are then released in program order, on the main thread, and the per-rank
-    peaks are deterministic (the tests run a configuration twice).  This changes no allocation, only
-    when gloo's thread lets go of what it used.
-  * Not counted (outside tensor storages, or invisible to the mode): gloo's transport buffers, and
-    temporaries that gloo allocates on its worker thread (e.g. the input-sized buffer of its
-    reduce-scatter) or inside a collective's C++ implementation.
+  * Collectives finish in program order: every ``c10d`` op the mode sees (including those DDP's
+    Reducer launches from C++ in backward) is drained before the program goes on.  The gloo group is
+    built with ONE worker thread (``_threads = 1``, device 127.0.0.1), and after the op a tiny
+    all-reduce on a tensor the mode never sees is run and waited for: the worker runs its queue in
+    order, so the collective is complete AND the worker has dropped its reference to it (and to its
+    tensors) before the program continues.  Without this, the worker thread drops the last reference
+    to a finished collective's tensors at a moment of its own and peaks vary from run to run.
+    (A barrier does not do: gloo's barrier keeps weak references to the work before it, which keep
+    that work's tensors alive until the barrier itself is released, again on the worker thread.)
+  * ``Work.wait()`` runs with the dispatch modes off: gloo's reduce-scatter clones its input inside
+    the c10d op and copies the rank's chunk out inside ``wait()``; that input-sized clone is gloo's
+    (NCCL has none) and is not counted.  Also outside the count: gloo's all-gather output-sized flat
+    buffer (made on its worker thread), gloo's transport buffers, and anything inside a C++ kernel.
+
+Debugging: DIST_ORACLE_TRACE=1 prints rank 0's live bytes at every op that changes them (=all: at
+every op); DIST_ORACLE_DEBUG=1 prints each rank's live storages (bytes, first op) at start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib
 import os
-import socket
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +99,9 @@ from torch.utils._pytree import tree_flatten
 from tests.oracles import OPTIMIZERS, LiveStorages, _loss, real_inputs
 
 TIMEOUT_S = 120.0
+# per rank, of the last measure_distributed call: the RankMeasured fields and "collectives" (c10d ops
+# drained), "cyclic_bytes" (see the module docstring), "ddp_bucket_bytes" (the Reducer's buckets at the end)
+LAST_DETAILS: list[dict[str, Any]] = []
 HOST = "127.0.0.1"
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -134,10 +151,16 @@ class DistLiveStorages(LiveStorages):
     def __init__(self) -> None:
         super().__init__()
         self.collectives = 0
+        self._drain_tensors: dict[int, tuple[Any, torch.Tensor]] = {}
         self.origin: dict[int, str] = {}  # storage key -> the op that first showed it ("registered")
         self.current = "registered"
+        trace = os.environ.get("DIST_ORACLE_TRACE", "")
+        self.trace: list[str] | None = [] if trace else None
+        self.trace_all = trace == "all"
+        self.last = 0
 
     def add(self, t: Any) -> None:
+        """Track t's storage (a wrapper subclass's inner storages) from now until it is freed."""
         if not isinstance(t, torch.Tensor):
             return
         if is_traceable_wrapper_subclass(t):
@@ -185,25 +208,39 @@ class DistLiveStorages(LiveStorages):
         for t in leaves:
             self.add(t)
         if getattr(func, "namespace", None) == "c10d":
-            self._drain(leaves)
+            self._drain(tree_flatten((args, kwargs))[0])
         self.ops += 1
         now = self.live_bytes()
+        if self.trace is not None and (now != self.last or self.trace_all):
+            self.trace.append(f"{self.phase:9} {now - self.last:+12d} {now:12d} {func}")
+        self.last = now
         self.peak = max(self.peak, now)
         self.phase_peaks[self.phase] = max(self.phase_peaks.get(self.phase, 0), now)
         return out
 
-    def _drain(self, leaves: list[Any]) -> None:
-        """Wait for the collective, then let gloo's single worker finish with it (a barrier runs after)."""
+    def _drain(self, arg_leaves: list[Any]) -> None:
+        """Make the collective just launched finish, and gloo's worker let go of it, before going on.
+
+        The group's single worker runs its queue in order, so once a tiny all-reduce enqueued now
+        has completed, the collective has completed and the worker has dropped its reference to
+        it: its tensors are then held only by the program, on this thread.  The tiny tensor is
+        made here, where this mode is off, so it is never counted.
+        """
         import torch.distributed as dist
 
-        waited = False
-        for leaf in leaves:
+        group = None
+        for leaf in arg_leaves:
             if isinstance(leaf, torch.ScriptObject):
-                dist.distributed_c10d.Work.unbox(leaf).wait()
-                waited = True
-        if waited:
-            self.collectives += 1
-            dist.barrier()  # the mode is off inside its own handler: not counted, not drained again
+                with contextlib.suppress(Exception):
+                    group = dist.ProcessGroup.unbox(leaf)
+                    break
+        group = group or dist.distributed_c10d._get_default_group()
+        key = id(group)
+        if key not in self._drain_tensors:
+            self._drain_tensors[key] = (group, torch.zeros(1))
+        _, tiny = self._drain_tensors[key]
+        group.allreduce([tiny]).wait()
+        self.collectives += 1
 
     def live(self) -> list[tuple[int, str]]:
         """(bytes, origin) of every live tracked storage, largest first: for debugging a count."""
@@ -234,7 +271,7 @@ def _resolve(build: str) -> Callable[[], torch.nn.Module]:
 
 
 def _one_worker_gloo() -> None:
-    """Make the default gloo group use one worker thread and the loopback device only."""
+    """Make every gloo group built by init_process_group/new_group use one worker thread, on 127.0.0.1."""
     from torch.distributed import distributed_c10d as c10d
 
     base = c10d.ProcessGroupGloo
@@ -255,7 +292,31 @@ def _one_worker_gloo() -> None:
     c10d.ProcessGroupGloo = OneWorkerGloo
 
 
-def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def _quiet_waits() -> None:
+    """Run Work.wait() with dispatch modes off: what gloo does inside a wait is not the program's.
+
+    gloo's reduce-scatter clones its input (inside the c10d op, where the mode is off), all-reduces
+    the clone and copies the rank's chunk to the output inside ``wait()``; NCCL allocates nothing of
+    the kind.  Hiding the wait keeps gloo's clone out of the count (see the module docstring).
+    """
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    work = dist.distributed_c10d.Work
+    if getattr(work, "_graphmem_oracle", False):
+        return
+    original = work.wait
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return original(self, *args, **kwargs)
+
+    work.wait = wait
+    work._graphmem_oracle = True
+
+
+def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
+                    mesh: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     strategy = cfg["strategy"]
     if strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel
@@ -266,9 +327,7 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any]) -> tuple[torch.
             cls, kwargs = ZERO_OPTIMIZERS[cfg["optimizer"]]
             return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
     elif strategy == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mesh = init_device_mesh("cpu", (cfg["world_size"],))
         kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": cfg["reshard_after_forward"]}
         if cfg["param_dtype"] is not None or cfg["reduce_dtype"] is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
@@ -284,6 +343,10 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any]) -> tuple[torch.
 
 
 def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    mesh = None
+    if cfg["strategy"] == "fsdp":  # communication set-up, like the process group: made before counting
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (cfg["world_size"],))
     torch.manual_seed(0)
     model = _resolve(cfg["build"])()
     model.train()
@@ -296,7 +359,7 @@ def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
     with counter:
         counter.phase = "setup"
-        model, opt = _apply_strategy(model, cfg)
+        model, opt = _apply_strategy(model, cfg, mesh)
 
         def one_step() -> None:
             counter.phase = "forward"
@@ -310,17 +373,36 @@ def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             del out, value
 
+        # The first fully_shard call leaves its frames in a reference cycle that holds the unit's
+        # original parameters: collect them now, then keep the cyclic collector from freeing
+        # anything at a moment of its choosing during the iterations.
+        gc.collect()
+        gc.disable()
         start_bytes = counter.live_bytes()
         if os.environ.get("DIST_ORACLE_DEBUG"):
             print(f"rank {rank} live at start:", counter.live(), flush=True)
         counter.reset_peaks()
-        for _ in range(cfg["iterations"]):
-            one_step()
+        try:
+            for _ in range(cfg["iterations"]):
+                one_step()
+            del one_step
+            before = counter.live_bytes()
+            gc.collect()
+            cyclic_bytes = before - counter.live_bytes()  # storages that only the cyclic collector frees
+        finally:
+            gc.enable()
+    bucket_bytes = None
+    reducer = getattr(model, "reducer", None)
+    if reducer is not None:  # DDP's own account of its buckets (zeros like them: outside the count)
+        bucket_bytes = sum(b.buffer().nbytes for b in reducer._get_zeros_like_grad_buckets())
+    if counter.trace is not None and rank == 0:
+        print("\n".join(counter.trace), flush=True)
     return {"rank": rank, "peak_bytes": counter.peak, "phase_peaks": dict(counter.phase_peaks),
-            "start_bytes": start_bytes, "collectives": counter.collectives}
+            "start_bytes": start_bytes, "collectives": counter.collectives, "cyclic_bytes": cyclic_bytes,
+            "ddp_bucket_bytes": bucket_bytes}
 
 
-def _rank_main(rank: int, cfg: dict[str, Any], port: int, outdir: str) -> None:
+def _rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
     """Entry point of a spawned rank: writes rank<N>.json (or raises, with the traceback)."""
     import json
 
@@ -328,8 +410,12 @@ def _rank_main(rank: int, cfg: dict[str, Any], port: int, outdir: str) -> None:
 
     torch.set_num_threads(1)
     _one_worker_gloo()
-    dist.init_process_group("gloo", init_method=f"tcp://{HOST}:{port}", rank=rank,
-                            world_size=cfg["world_size"], timeout=datetime.timedelta(seconds=TIMEOUT_S / 2))
+    _quiet_waits()
+    # Rendezvous through a file in the run's own directory: TCPStore's server would listen on every
+    # interface (*:port, it has no bind address); gloo's connections are bound to 127.0.0.1 above.
+    store = dist.FileStore(str(Path(outdir, "store")), cfg["world_size"])
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg["world_size"],
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S / 2))
     try:
         result = _measure_rank(rank, cfg)
         dist.barrier()
@@ -343,12 +429,6 @@ def _rank_main(rank: int, cfg: dict[str, Any], port: int, outdir: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # the parent
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -390,9 +470,8 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
            "gradient_as_bucket_view": gradient_as_bucket_view, "param_dtype": param_dtype,
            "reduce_dtype": reduce_dtype, "int_high": int_high}
     with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
-        with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-                        MASTER_ADDR=HOST):
-            context = mp.start_processes(_rank_main, args=(cfg, _free_port(), outdir), nprocs=world_size,
+        with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
+            context = mp.start_processes(_rank_main, args=(cfg, outdir), nprocs=world_size,
                                          join=False, start_method="spawn")
         deadline = time.monotonic() + TIMEOUT_S
         try:
@@ -408,8 +487,14 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
                     process.kill()
                 process.join(timeout=5)
         results = []
+        LAST_DETAILS.clear()
         for rank in range(world_size):
             data = json.loads(Path(outdir, f"rank{rank}.json").read_text())
+            LAST_DETAILS.append(data)
+            if data["cyclic_bytes"]:
+                warnings.warn(f"rank {rank}: {data['cyclic_bytes']} bytes of storages were held in reference cycles "
+                              "after the iterations; the peak then depends on when the cyclic GC runs (here: never "
+                              f"during the iterations): {cfg}", stacklevel=2)
             results.append(RankMeasured(rank=data["rank"], peak_bytes=data["peak_bytes"],
                                         phase_peaks=data["phase_peaks"], start_bytes=data["start_bytes"]))
     return results

@@ -211,10 +211,25 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, fake_mode: Any) -> Appl
                     if replicate > 1 else init_device_mesh("cpu", (shard,)))
         with fake_mode, created:
             wrapped = _fully_shard(model, spec, mesh) if spec.shards else _ddp(model, spec)
+    with fake_mode, created:
+        _initialise_fsdp(wrapped)
     # what construction allocated, still holds, and is no parameter or buffer: DDP's buckets
     own = {local_tensor(t).untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
     buffers = [t for t in created.alive() if t.untyped_storage()._cdata not in own and t.untyped_storage().nbytes()]
     return Applied(model=wrapped, inner=model, buffers=buffers)
+
+
+def _initialise_fsdp(model: nn.Module) -> None:
+    """Run FSDP2's lazy initialisation now, as part of construction, not in the first forward.
+
+    It re-pads a rank's local shard unless it already is a view of the padded shard, which it
+    checks by ``data_ptr()``: fake tensors have none, so on ranks with uneven shards it would
+    copy every parameter in the recorded forward where the real run copies nothing.  Done
+    here, the copy replaces the shard before the step, as the real one is.
+    """
+    state = getattr(model, "_get_fsdp_state", None)
+    if callable(state):
+        state()._lazy_init()
 
 
 def _users_own(model: nn.Module, spec: ParallelSpec, mesh: Any, fake_mode: Any, created: _Created) -> nn.Module:

@@ -102,6 +102,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     recorder = Recorder(rules or rules_for(device))
     fake_mode = new_fake_mode()
     target = torch.device("cpu" if cuda is not None else device)
+    given = model  # errors name the user's class, not the one fully_shard makes
     if parallel is not None and (parallel.shards or parallel.parallelize is not None):
         model = meta_copy(model)  # fully_shard (and user code) changes the module's class and parameters
     with fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
@@ -118,7 +119,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 recorder.mark(tensor, Role.COMMUNICATION, "gradient buckets")
             _declare_inputs(recorder, inputs, args, kwargs, assume or {})
             kv_bytes = 0
-            with _errors_explained(recorder, model), quiet_fake_tensor_logs():
+            with _errors_explained(recorder, given), quiet_fake_tensor_logs():
                 if mode == "train":
                     _read_optimizer_values(inner, step, target, recorder, parallel, rank)
                 autocast = functools.partial(_autocast, step, target, cuda is not None)

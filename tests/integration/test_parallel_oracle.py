@@ -1,0 +1,31 @@
+"""--parallel against real multi-process runs: every rank's peak and per-phase peaks, to the byte.
+
+Each case runs the step for real in separate gloo processes on CPU (tests/dist_oracles.py) and
+compares every rank with graphmem's prediction for that rank (the rank it stands with).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+import graphmem
+from tests.dist_oracles import measure_distributed
+from tests.parallel_cases import CASES, ParallelCase
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_rank_matches_real_execution(case: ParallelCase) -> None:
+    measured = measure_distributed(**case.oracle_keywords())
+    report = graphmem.analyze(**case.graphmem_keywords())
+    assert report.train is not None
+    predicted = {rank: group.report for group in report.train.ranks for rank in group.ranks}
+    assert sorted(predicted) == list(range(case.world_size))
+    for m in measured:
+        mine = predicted[m.rank]
+        assert mine.peak_bytes == m.peak_bytes, f"rank {m.rank}"
+        assert {p.phase: p.peak_bytes for p in mine.phases} == m.phase_peaks, f"rank {m.rank}"
+    assert report.train.peak_bytes == max(m.peak_bytes for m in measured)
