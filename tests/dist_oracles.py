@@ -25,6 +25,10 @@ Strategies, applied exactly like this (the predictor applies them identically):
              on every submodule whose class name is in ``units`` (collected in model.modules() order
              before any is sharded; the root is not among them), then fully_shard(model, **kwargs).
              opt = OPTIMIZERS[optimizer]([p for p in model.parameters() if p.requires_grad])  (DTensors)
+    "tp":    tensor parallel.  mesh = init_device_mesh("cpu", (world_size,)); parallelize_module(model, mesh,
+             {name: ColwiseParallel() or RowwiseParallel() as tp_plan names them}); the optimizer as "fsdp".
+    "fsdp_tp": 2-D.  mesh = init_device_mesh("cpu", (world_size // tp_degree, tp_degree),
+             mesh_dim_names=("dp", "tp")); parallelize_module on mesh["tp"] as "tp", then "fsdp" on mesh["dp"].
     "zero1": DDP as above, then opt = torch.distributed.optim.ZeroRedundancyOptimizer(
              model.parameters(), optimizer_class=cls, **kwargs) with (cls, kwargs) =
              ZERO_OPTIMIZERS[optimizer], the class and arguments of tests.oracles.OPTIMIZERS.
@@ -326,8 +330,16 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
             from torch.distributed.optim import ZeroRedundancyOptimizer
             cls, kwargs = ZERO_OPTIMIZERS[cfg["optimizer"]]
             return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
-    elif strategy == "fsdp":
+    elif strategy in ("fsdp", "tp", "fsdp_tp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        if strategy != "fsdp":
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+            styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+            tp_mesh = mesh["tp"] if strategy == "fsdp_tp" else mesh
+            parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in cfg["tp_plan"].items()})
+            if strategy == "tp":
+                return model, OPTIMIZERS[cfg["optimizer"]]([p for p in model.parameters() if p.requires_grad])
+            mesh = mesh["dp"]
         kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": cfg["reshard_after_forward"]}
         if cfg["param_dtype"] is not None or cfg["reduce_dtype"] is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
@@ -338,15 +350,36 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
     else:
-        raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1)")
+        raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1, tp, fsdp_tp)")
     return model, OPTIMIZERS[cfg["optimizer"]]([p for p in model.parameters() if p.requires_grad])
+
+
+def _uncounted_mesh_joins() -> None:
+    """FSDP2 on a tensor-parallel model joins the meshes (DeviceMesh._concatenate), making a small
+    tensor of ranks: CPU-side bookkeeping like every mesh, never device memory: not counted."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    join = DeviceMesh._concatenate
+
+    def uncounted(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return join(*args, **kwargs)
+
+    DeviceMesh._concatenate = staticmethod(uncounted)
 
 
 def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
     mesh = None
-    if cfg["strategy"] == "fsdp":  # communication set-up, like the process group: made before counting
+    if cfg["strategy"] in ("fsdp", "tp"):  # communication set-up, like the process group: made before counting
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (cfg["world_size"],))
+    elif cfg["strategy"] == "fsdp_tp":  # 2-D: (dp, tp) with tp the fast dimension
+        from torch.distributed.device_mesh import init_device_mesh
+        tp = cfg["tp_degree"]
+        two = init_device_mesh("cpu", (cfg["world_size"] // tp, tp), mesh_dim_names=("dp", "tp"))
+        mesh = {"dp": two["dp"], "tp": two["tp"]}  # sliced now: the slices' rank tensors are set-up too
+        _uncounted_mesh_joins()
     torch.manual_seed(0)
     model = _resolve(cfg["build"])()
     model.train()
@@ -450,6 +483,7 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
                         units: Sequence[str] = (), reshard_after_forward: bool | None = None,
                         bucket_cap_mb: float = 25, gradient_as_bucket_view: bool = False,
                         param_dtype: str | None = None, reduce_dtype: str | None = None,
+                        tp_plan: dict[str, str] | None = None, tp_degree: int = 1,
                         int_high: int = 100) -> list[RankMeasured]:
     """Run the step for real in ``world_size`` spawned gloo ranks; one RankMeasured per rank, by rank.
 
@@ -460,15 +494,15 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
 
     import torch.multiprocessing as mp
 
-    if strategy not in ("ddp", "fsdp", "zero1"):
-        raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1)")
+    if strategy not in ("ddp", "fsdp", "zero1", "tp", "fsdp_tp"):
+        raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1, tp, fsdp_tp)")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r} ({', '.join(OPTIMIZERS)})")
     cfg = {"build": build, "inputs": list(inputs), "strategy": strategy, "world_size": world_size,
            "optimizer": optimizer, "loss": loss, "iterations": iterations, "units": list(units),
            "reshard_after_forward": reshard_after_forward, "bucket_cap_mb": bucket_cap_mb,
            "gradient_as_bucket_view": gradient_as_bucket_view, "param_dtype": param_dtype,
-           "reduce_dtype": reduce_dtype, "int_high": int_high}
+           "reduce_dtype": reduce_dtype, "tp_plan": tp_plan or {}, "tp_degree": tp_degree, "int_high": int_high}
     with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
         with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
             context = mp.start_processes(_rank_main, args=(cfg, outdir), nprocs=world_size,

@@ -9,6 +9,8 @@ from typing import Any
 MLP = ("tests.models:MLP", ("8x1000",), "sum", ("Linear",))
 UNEVEN = ("tests.dist_oracles:uneven_mlp", ("8x999",), "sum", ("Linear",))
 GPT = ("tests.dist_oracles:small_gpt", ("2x16:int64",), "cross_entropy", ("Block",))
+# tensor parallel: the MLP's first Linear column-wise, its last row-wise
+MLP_TP_PLAN = {"layers.0": "colwise", "layers.2": "rowwise"}
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class ParallelCase:
     optimizer: str
     options: dict[str, Any] = field(default_factory=dict)
     world_size: int = 2
+    tp: int = 2  # fsdp_tp: the tensor-parallel degree
 
     @property
     def name(self) -> str:
@@ -29,16 +32,24 @@ class ParallelCase:
 
     def oracle_keywords(self) -> dict[str, Any]:
         build, inputs, loss, units = self.model
-        extra = {"units": units} if self.strategy == "fsdp" else {}
+        extra: dict[str, Any] = {"units": units} if self.strategy.startswith("fsdp") else {}
+        if "tp" in self.strategy:
+            extra.update(tp_plan=MLP_TP_PLAN, tp_degree=self.tp)
         return dict(build=build, inputs=inputs, strategy=self.strategy, world_size=self.world_size,
                     optimizer=self.optimizer, loss=loss, **extra, **self.options)
+
+    @property
+    def parallel(self) -> str:
+        if self.strategy == "fsdp_tp":
+            return f"fsdp={self.world_size // self.tp},tp={self.tp}"
+        return f"{self.strategy}={self.world_size}"
 
     def graphmem_keywords(self) -> dict[str, Any]:
         build, inputs, loss, units = self.model
         o = self.options
         return dict(model=build, inputs=list(inputs), mode="train", optimizer=self.optimizer, loss=loss,
-                    parallel=f"{self.strategy}={self.world_size}",
-                    fsdp_units=units if self.strategy == "fsdp" else (),
+                    parallel=self.parallel, tp_plan=MLP_TP_PLAN if "tp" in self.strategy else None,
+                    fsdp_units=units if self.strategy.startswith("fsdp") else (),
                     reshard_after_forward=o.get("reshard_after_forward"),
                     mp_param_dtype=o.get("param_dtype"), mp_reduce_dtype=o.get("reduce_dtype"),
                     ddp_bucket_mb=o.get("bucket_cap_mb", 25), ddp_bucket_view=o.get("gradient_as_bucket_view", False))
@@ -57,4 +68,6 @@ CASES: tuple[ParallelCase, ...] = (
     ParallelCase(UNEVEN, "fsdp", "adam", world_size=4),
     *(ParallelCase(model, "zero1", "adam") for model in (MLP, GPT)),
     ParallelCase(MLP, "zero1", "adam", world_size=4),
+    *(ParallelCase(MLP, "tp", opt) for opt in ("sgd", "adam")),
+    ParallelCase(MLP, "fsdp_tp", "adam", world_size=4),
 )

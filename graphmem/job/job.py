@@ -140,7 +140,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
              parallel: str | ParallelSpec | None = None, ddp_bucket_mb: float = 25.0,
              ddp_bucket_view: bool = False, reshard_after_forward: bool | None = None,
              mp_param_dtype: str | None = None, mp_reduce_dtype: str | None = None,
-             fsdp_units: Sequence[str] | str = (), parallelize: str | Callable[..., Any] | None = None,
+             fsdp_units: Sequence[str] | str = (), tp_plan: str | Mapping[str, Any] | None = None,
+             parallelize: str | Callable[..., Any] | None = None,
              name: str | None = None) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
@@ -149,7 +150,9 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     ``parallel`` is ``"fsdp=8"``, ``"ddp=8"``, ``"ddp=2,fsdp=4"`` or ``"zero1=8"``
     (graphmem.job.parallel), with the engines' settings: DDP's ``bucket_cap_mb`` and
     ``gradient_as_bucket_view``; FSDP2's ``reshard_after_forward``, MixedPrecisionPolicy
-    dtypes and the classes of the modules sharded as units.  ``parallelize`` is your own
+    dtypes and the classes of the modules sharded as units; with ``tp``, ``tp_plan`` (module
+    name -> "colwise" / "rowwise" / ..., or ``"pkg.module:PLAN"``; default: the transformers
+    model's own ``base_model_tp_plan``).  ``parallelize`` is your own
     ``fn(model, mesh)`` (or ``"pkg.module:fn"``), run instead of graphmem's strategies on the
     mesh ``parallel`` describes.
 
@@ -164,9 +167,11 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     if isinstance(parallel, str):
         parallel = replace(parse_parallel(parallel), bucket_mb=ddp_bucket_mb, bucket_view=ddp_bucket_view,
                            reshard_after_forward=reshard_after_forward, param_dtype=mp_param_dtype,
-                           reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units), parallelize=parallelize)
-    elif parallelize is not None:
-        raise UserInputError("--parallelize needs --parallel to describe the mesh, e.g. --parallel fsdp=8")
+                           reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units), tp_plan=tp_plan,
+                           parallelize=parallelize)
+    elif parallelize is not None or tp_plan is not None:
+        raise UserInputError("--parallelize and --tp-plan need --parallel to describe the mesh, e.g. "
+                             "--parallel fsdp=8 or tp=2")
     return Job(model=model, inputs=_input_texts(inputs), mode=mode, step=step,
                device=device or ("cuda" if gpu else "cpu"),
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),

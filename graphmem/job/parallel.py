@@ -5,7 +5,9 @@
 - ``ddp=N``: DistributedDataParallel (gradient buckets of ``bucket_mb``, optional bucket views);
 - ``fsdp=N``: FSDP2 ``fully_shard`` on each unit (the repeated blocks by default), then the root;
 - ``ddp=R,fsdp=S``: HSDP, FSDP2 on a 2-D mesh (replicate R x shard S);
-- ``zero1=N``: DistributedDataParallel with ZeroRedundancyOptimizer.
+- ``zero1=N``: DistributedDataParallel with ZeroRedundancyOptimizer;
+- ``tp=N``: tensor parallel, ``parallelize_module`` with a plan (the transformers model's own
+  ``base_model_tp_plan``, or one given); ``fsdp=D,tp=T``: FSDP2 over D on top (2-D).
 
 Pure parsing and validation: nothing here imports torch.distributed.
 """
@@ -14,24 +16,27 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from graphmem.errors import UserInputError
 from graphmem.job.spec import parse_dtype
 
-__all__ = ["PARALLEL_NAMES", "ParallelSpec", "parse_parallel"]
+__all__ = ["PARALLEL_NAMES", "TP_STYLES", "ParallelSpec", "parse_parallel"]
 
 # strategy name -> what it is, for messages and --help
 PARALLEL_NAMES = {
     "ddp": "DistributedDataParallel (replicated parameters, gradient buckets)",
     "fsdp": "FSDP2 fully_shard (parameters, gradients and optimizer state sharded)",
     "zero1": "DistributedDataParallel with ZeroRedundancyOptimizer (optimizer state sharded)",
+    "tp": "tensor parallel (parallelize_module with the model's or your plan)",
 }
+# the styles a plan may name, as transformers names them
+TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel")
 # planned, named so that the message says so instead of "unknown"
-_NOT_YET = {"tp": "tensor parallel", "pp": "pipeline parallel", "cp": "context parallel"}
-_COMBINATIONS = ({"ddp"}, {"fsdp"}, {"zero1"}, {"ddp", "fsdp"})
+_NOT_YET = {"pp": "pipeline parallel", "cp": "context parallel"}
+_COMBINATIONS = ({"ddp"}, {"fsdp"}, {"zero1"}, {"ddp", "fsdp"}, {"tp"}, {"fsdp", "tp"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,9 @@ class ParallelSpec:
         param_dtype / reduce_dtype: FSDP2's MixedPrecisionPolicy (None: no policy).
         units: the classes of the modules FSDP2 shards as units; empty: the model's
             repeated blocks.
+        tp_plan: with tp: module name (``*`` matches any one name) -> style (one of
+            TP_STYLES, or a torch ParallelStyle), or ``pkg.module:PLAN`` naming such a dict;
+            None: the transformers model's own ``base_model_tp_plan``.
         parallelize: the user's own function ``fn(model, mesh)`` (or its ``pkg.module:fn``)
             that applies their parallelism instead of graphmem's; ``mesh`` has one dimension
             per strategy, named as in ``degrees``.  It may return the module to call (a DDP
@@ -60,6 +68,7 @@ class ParallelSpec:
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     units: tuple[str, ...] = ()
+    tp_plan: str | Mapping[str, Any] | None = None
     parallelize: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
@@ -73,10 +82,17 @@ class ParallelSpec:
             if degree < 1:
                 raise UserInputError(f"--parallel {name}={degree}: the degree must be a positive integer")
         if len(set(names)) != len(names) or set(names) not in _COMBINATIONS:
-            raise UserInputError(f"--parallel {self.text}: combine at most ddp and fsdp (HSDP); "
-                                 "ddp, fsdp and zero1 work alone")
+            raise UserInputError(f"--parallel {self.text}: the combinations are ddp, fsdp, zero1 or tp alone, "
+                                 "ddp,fsdp (HSDP) and fsdp,tp (2-D)")
         if self.bucket_mb <= 0:
             raise UserInputError(f"--ddp-bucket-mb must be positive, got {self.bucket_mb}")
+        if isinstance(self.tp_plan, Mapping):
+            bad = {k: v for k, v in self.tp_plan.items() if isinstance(v, str) and v not in TP_STYLES}
+            if bad:
+                raise UserInputError(f"tensor-parallel plan: unknown styles {bad}; expected {', '.join(TP_STYLES)} "
+                                     "or a torch.distributed.tensor.parallel.ParallelStyle")
+        if self.tp_plan is not None and "tp" not in names:
+            raise UserInputError("a tensor-parallel plan needs tp in --parallel, e.g. --parallel tp=2")
         for dtype in (self.param_dtype, self.reduce_dtype):
             if dtype is not None:
                 parse_dtype(dtype)

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import importlib
+import importlib.util
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,10 +43,10 @@ from torch.utils._pytree import tree_flatten
 from graphmem.errors import GraphmemError, UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
-from graphmem.trace._torch_api import TorchDispatchMode
+from graphmem.trace._torch_api import TorchDispatchMode, unset_fake_temporarily
 
 __all__ = ["Applied", "apply_parallel", "distinct_ranks", "fake_process_group", "fsdp_units",
-           "following_resizes", "local_tensor", "meta_copy", "zero_partition"]
+           "following_resizes", "local_tensor", "meta_copy", "tp_plan", "zero_partition"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 # DDP's check that every rank has the same parameter shapes (it reads values)
@@ -118,6 +121,27 @@ def zero_partition(model: nn.Module, world_size: int) -> list[list[int]]:
     return _zero_partition([p.numel() for p in model.parameters() if p.requires_grad], world_size)
 
 
+def _tp_signature(model: nn.Module, spec: ParallelSpec, index: int) -> tuple[int, ...]:
+    """Elements of every parameter a tensor-parallel rank holds (torch.chunk's split of the
+    sharded dimension: colwise shards dim 0, rowwise dim 1 of a Linear weight)."""
+    tp = spec.degree("tp")
+    root, plan = tp_plan(model, spec)
+    sizes = []
+    for name, module in root.named_modules():
+        style = next((v for k, v in plan.items() if fnmatch.fnmatch(name, k)), None)
+        if not isinstance(style, str) or style == "sequence_parallel":
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if style.startswith("rowwise") and pname == "bias":
+                sizes.append(p.numel())  # replicated
+                continue
+            dim = 0 if style.startswith("colwise") else 1
+            n = p.shape[dim] if p.dim() > dim else 1
+            chunk = -(-n // tp)
+            sizes.append(max(0, min(chunk, n - index * chunk)) * (p.numel() // max(n, 1)))
+    return tuple(sizes)
+
+
 def _zero_partition(sizes: list[int], world_size: int) -> list[list[int]]:
     """ZeroRedundancyOptimizer's partition: parameters sorted by size, largest first, each to
     the rank holding the fewest elements so far (ties: the lowest rank); indices per rank."""
@@ -137,8 +161,12 @@ def distinct_ranks(model: nn.Module, spec: ParallelSpec) -> tuple[tuple[int, tup
     parameters whose state they hold; DDP's ranks are alike.
     """
     world = spec.world_size
-    if spec.shards:
-        keys: list[Any] = [_fsdp_signature(model, spec, r) for r in range(world)]
+    tp = spec.degree("tp")
+    if tp > 1:  # rank = dp index x tp + tp index
+        keys: list[Any] = [(_fsdp_signature(model, spec, r // tp) if spec.shards else (),
+                            _tp_signature(model, spec, r % tp)) for r in range(world)]
+    elif spec.shards:
+        keys = [_fsdp_signature(model, spec, r) for r in range(world)]
     elif "zero1" in dict(spec.degrees):
         params = [p for p in model.parameters() if p.requires_grad]
         parts = _zero_partition([p.numel() for p in params], world)
@@ -200,17 +228,26 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, fake_mode: Any) -> Appl
 
     names = tuple(name for name, _ in spec.degrees)
     created = _Created()
+    mesh: Any = None
+    tp_mesh: Any = None
     if spec.parallelize is not None:
         mesh = init_device_mesh("cpu", tuple(d for _, d in spec.degrees), mesh_dim_names=names)
         wrapped = _users_own(model, spec, mesh, fake_mode, created)
     else:
-        mesh = None
-        if spec.shards:
+        if "tp" in names:
+            two = init_device_mesh("cpu", (spec.degree("fsdp"), spec.degree("tp")), mesh_dim_names=("dp", "tp"))
+            mesh, tp_mesh = (two["dp"] if spec.shards else None), two["tp"]
+        elif spec.shards:
             replicate, shard = spec.degree("ddp"), spec.degree("fsdp")
             mesh = (init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
                     if replicate > 1 else init_device_mesh("cpu", (shard,)))
-        with fake_mode, created:
-            wrapped = _fully_shard(model, spec, mesh) if spec.shards else _ddp(model, spec)
+        with fake_mode, created, _meshes_made_for_real():
+            if tp_mesh is not None:
+                _tensor_parallel(model, spec, tp_mesh)
+            if spec.shards:
+                wrapped = _fully_shard(model, spec, mesh)
+            else:
+                wrapped = model if tp_mesh is not None else _ddp(model, spec)
     with fake_mode, created:
         _initialise_fsdp(wrapped)
     # what construction allocated, still holds, and is no parameter or buffer: DDP's buckets
@@ -258,15 +295,91 @@ def _users_own(model: nn.Module, spec: ParallelSpec, mesh: Any, fake_mode: Any, 
     return wrapped
 
 
-def _import_function(text: str) -> Callable[..., Any]:
+def _import_function(text: str, option: str = "--parallelize", what: str = "function") -> Any:
+    """``pkg.module:NAME`` or ``path/file.py:NAME`` -> the object; a function for --parallelize."""
     module_name, _, attr = text.rpartition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UserInputError(f"cannot load --parallelize {text!r}: {exc}; give pkg.module:function") from exc
-    if not callable(fn):
-        raise UserInputError(f"--parallelize {text!r} is not a function")
-    return fn  # type: ignore[no-any-return]
+        if module_name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(f"graphmem_user_{Path(module_name).stem}", module_name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot read {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        found = getattr(module, attr)
+    except (ImportError, AttributeError, ValueError, FileNotFoundError) as exc:
+        raise UserInputError(f"cannot load {option} {text!r}: {exc}; give pkg.module:{what}") from exc
+    if what == "function" and not callable(found):
+        raise UserInputError(f"{option} {text!r} is not a function")
+    return found
+
+
+@contextlib.contextmanager
+def _meshes_made_for_real() -> Iterator[None]:
+    """FSDP2 on a tensor-parallel model joins the two meshes (DeviceMesh._concatenate), which
+    indexes a small real tensor of ranks: outside the fake mode."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.__dict__.get("_concatenate")
+    if original is None:
+        yield
+        return
+    function = original.__func__ if isinstance(original, staticmethod) else original
+
+    def concatenate(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return function(*args, **kwargs)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = original  # type: ignore[method-assign]
+
+
+def tp_plan(model: nn.Module, spec: ParallelSpec) -> tuple[nn.Module, dict[str, Any]]:
+    """The module the tensor-parallel plan applies to, and the plan (module name -> style)."""
+    plan = spec.tp_plan
+    if isinstance(plan, str):
+        plan = _import_function(plan, "--tp-plan", "PLAN")
+        if not isinstance(plan, Mapping):
+            raise UserInputError(f"--tp-plan {spec.tp_plan!r} is not a dict of module name -> style")
+    if plan is not None:
+        return model, dict(plan)
+    config = getattr(model, "config", None)
+    declared = getattr(config, "base_model_tp_plan", None)
+    if not declared:
+        raise UserInputError(f"--parallel tp: {type(model).__name__} has no tensor-parallel plan (no "
+                             "base_model_tp_plan in its config); give one with --tp-plan file.py:PLAN, a dict "
+                             "such as {'fc1': 'colwise', 'fc2': 'rowwise'}")
+    return getattr(model, "base_model", model), dict(declared)
+
+
+def _tp_style(style: Any) -> Any:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    if not isinstance(style, str):
+        return style
+    styles: dict[str, Callable[[], Any]] = {
+        "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "sequence_parallel": SequenceParallel}
+    return styles[style]()
+
+
+def _tensor_parallel(model: nn.Module, spec: ParallelSpec, mesh: Any) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    root, plan = tp_plan(model, spec)
+    names = [name for name, _ in root.named_modules()]
+    unmatched = [key for key in plan if not any(fnmatch.fnmatch(name, key) for name in names)]
+    if unmatched:
+        raise UserInputError(f"tensor-parallel plan: no module named {', '.join(unmatched)} in "
+                             f"{type(root).__name__}")
+    parallelize_module(root, mesh, {key: _tp_style(style) for key, style in plan.items()})
 
 
 def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:

@@ -48,6 +48,10 @@ _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
+# ops whose real kernel returns its input tensor itself, where the fake kernel makes a new one
+# (functional collectives' wait: c10d/Functional.cpp wait_tensor returns ``self``)
+_RETURNS_INPUT = frozenset(op for op in (getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None),)
+                           if op is not None)
 
 
 def _to_meta(value: Any) -> Any:
@@ -280,6 +284,9 @@ class Recorder(TorchDispatchMode):
         the model reads comes from the assumed inputs' shadows (graphmem.trace.values)."""
         if func == _READ and self.phase == Phase.OPTIMIZER:
             return self._replica_value()
+        if func.overloadpacket in _RETURNS_INPUT:
+            func(*args, **kwargs)
+            return args[0]
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:

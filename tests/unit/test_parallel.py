@@ -40,19 +40,26 @@ def _start(mode: ModeReport, category: Category) -> int:
 
 
 @pytest.mark.parametrize("text, words", [
-    ("tp=2", "not supported yet"), ("bogus=2", "unknown strategy"), ("fsdp", "malformed"),
-    ("fsdp=0", "positive"), ("ddp=2,zero1=2", "combine"), ("fsdp=2,fsdp=2", "combine"),
+    ("pp=2", "not supported yet"), ("bogus=2", "unknown strategy"), ("zero1=2,tp=2", "combinations"), ("fsdp", "malformed"),
+    ("fsdp=0", "positive"), ("ddp=2,zero1=2", "combinations"), ("fsdp=2,fsdp=2", "combinations"),
 ])
 def test_bad_specs_are_refused_with_the_reason(text: str, words: str) -> None:
     with pytest.raises(UserInputError, match=words):
         parse_parallel(text)
 
 
-def test_a_bad_spec_is_one_line_and_exit_2() -> None:
+@pytest.mark.parametrize("args, words", [
+    (["--parallel", "pp=2"], "not supported yet"),
+    (["--parallel", "tp=2"], "no tensor-parallel plan"),
+    (["--parallel", "fsdp=2", "--fsdp-units", "Block"], "no module of class Block"),
+    (["--tp-plan", "x:PLAN"], "need --parallel"),
+])
+def test_a_bad_spec_is_one_line_and_exit_2(args: list[str], words: str) -> None:
     result = CliRunner().invoke(main, ["analyze", str(ROOT / "examples" / "mlp.py") + ":MLP", "--input", "4x1000",
-                                       "--parallel", "tp=2"])
-    assert result.exit_code == 2
-    assert "not supported yet" in result.output and "Traceback" not in result.output
+                                       "--mode", "train", *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
 
 
 def test_world_size_is_the_product_of_degrees() -> None:
@@ -140,3 +147,28 @@ def test_the_users_model_is_left_untouched() -> None:
     graphmem.analyze(model, ["2x8"], mode="train", parallel="fsdp=2", fsdp_units="Linear")
     assert type(model) is Uneven and type(model.layers[0]) is nn.Linear
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
+
+
+def _shard_every_linear(model: nn.Module, mesh: object) -> None:
+    """A user's own parallelisation function, as a trainer would call it."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def test_the_users_own_parallelize_runs_unchanged() -> None:
+    mine = graphmem.analyze(MLP, ["4x1000"], mode="train", parallel="fsdp=2", parallelize=_shard_every_linear)
+    built_in = graphmem.analyze(MLP, ["4x1000"], mode="train", parallel="fsdp=2", fsdp_units="Linear")
+    assert mine.train is not None and built_in.train is not None
+    assert mine.train.timeline == built_in.train.timeline
+
+
+def test_a_failing_parallelize_names_the_function() -> None:
+    def broken(model: nn.Module, mesh: object) -> None:
+        raise ValueError("no such layer")
+
+    with pytest.raises(UserInputError, match="broken failed.*no such layer"):
+        graphmem.analyze(MLP, ["4x1000"], mode="train", parallel="fsdp=2", parallelize=broken)
