@@ -26,7 +26,8 @@ Strategies, applied exactly like this (the predictor applies them identically):
              before any is sharded; the root is not among them), then fully_shard(model, **kwargs).
              opt = OPTIMIZERS[optimizer]([p for p in model.parameters() if p.requires_grad])  (DTensors)
     "tp":    tensor parallel.  mesh = init_device_mesh("cpu", (world_size,)); parallelize_module(model, mesh,
-             {name: ColwiseParallel() or RowwiseParallel() as tp_plan names them}); the optimizer as "fsdp".
+             {name: ColwiseParallel() or RowwiseParallel() as tp_plan names them}); with no tp_plan, a
+             transformers model's config.base_model_tp_plan on model.base_model; the optimizer as "fsdp".
     "fsdp_tp": 2-D.  mesh = init_device_mesh("cpu", (world_size // tp_degree, tp_degree),
              mesh_dim_names=("dp", "tp")); parallelize_module on mesh["tp"] as "tp", then "fsdp" on mesh["dp"].
     "zero1": DDP as above, then opt = torch.distributed.optim.ZeroRedundancyOptimizer(
@@ -137,6 +138,14 @@ def small_gpt() -> torch.nn.Module:
     """tests.models.GPT(vocab=100, dim=64, layers=2, heads=4, max_seq=64); input 2x16:int64."""
     from tests.models import GPT
     return GPT(vocab=100, dim=64, layers=2, heads=4, max_seq=64)
+
+
+def small_llama() -> torch.nn.Module:
+    """A 2-layer Llama from a local config (transformers; no download); input 2x16:int64."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, bos_token_id=0, eos_token_id=0)
+    return LlamaForCausalLM(config)
 
 
 def uneven_mlp() -> torch.nn.Module:
@@ -336,7 +345,11 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
             styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
             tp_mesh = mesh["tp"] if strategy == "fsdp_tp" else mesh
-            parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in cfg["tp_plan"].items()})
+            if cfg["tp_plan"]:
+                parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in cfg["tp_plan"].items()})
+            else:  # a transformers model's own plan, on its base model (what parallelize_module is given)
+                plan = model.config.base_model_tp_plan
+                parallelize_module(model.base_model, tp_mesh, {k: styles[v]() for k, v in plan.items()})
             if strategy == "tp":
                 return model, OPTIMIZERS[cfg["optimizer"]]([p for p in model.parameters() if p.requires_grad])
             mesh = mesh["dp"]

@@ -9,7 +9,8 @@ from typing import Any
 MLP = ("tests.models:MLP", ("8x1000",), "sum", ("Linear",))
 UNEVEN = ("tests.dist_oracles:uneven_mlp", ("8x999",), "sum", ("Linear",))
 GPT = ("tests.dist_oracles:small_gpt", ("2x16:int64",), "cross_entropy", ("Block",))
-# tensor parallel: the MLP's first Linear column-wise, its last row-wise
+LLAMA = ("tests.dist_oracles:small_llama", ("2x16:int64",), "sum", ("LlamaDecoderLayer",))
+# tensor parallel: the MLP's first Linear column-wise, its last row-wise; Llama: its own plan
 MLP_TP_PLAN = {"layers.0": "colwise", "layers.2": "rowwise"}
 
 
@@ -34,9 +35,13 @@ class ParallelCase:
         build, inputs, loss, units = self.model
         extra: dict[str, Any] = {"units": units} if self.strategy.startswith("fsdp") else {}
         if "tp" in self.strategy:
-            extra.update(tp_plan=MLP_TP_PLAN, tp_degree=self.tp)
+            extra.update(tp_plan=self.plan, tp_degree=self.tp)
         return dict(build=build, inputs=inputs, strategy=self.strategy, world_size=self.world_size,
                     optimizer=self.optimizer, loss=loss, **extra, **self.options)
+
+    @property
+    def plan(self) -> dict[str, str] | None:
+        return MLP_TP_PLAN if self.model is MLP else None
 
     @property
     def parallel(self) -> str:
@@ -48,7 +53,7 @@ class ParallelCase:
         build, inputs, loss, units = self.model
         o = self.options
         return dict(model=build, inputs=list(inputs), mode="train", optimizer=self.optimizer, loss=loss,
-                    parallel=self.parallel, tp_plan=MLP_TP_PLAN if "tp" in self.strategy else None,
+                    parallel=self.parallel, tp_plan=self.plan if "tp" in self.strategy else None,
                     fsdp_units=units if self.strategy.startswith("fsdp") else (),
                     reshard_after_forward=o.get("reshard_after_forward"),
                     mp_param_dtype=o.get("param_dtype"), mp_reduce_dtype=o.get("reduce_dtype"),
@@ -70,4 +75,6 @@ CASES: tuple[ParallelCase, ...] = (
     ParallelCase(MLP, "zero1", "adam", world_size=4),
     *(ParallelCase(MLP, "tp", opt) for opt in ("sgd", "adam")),
     ParallelCase(MLP, "fsdp_tp", "adam", world_size=4),
+    ParallelCase(LLAMA, "tp", "adamw"),
+    ParallelCase(LLAMA, "fsdp", "adamw"),
 )
