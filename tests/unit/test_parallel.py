@@ -40,7 +40,8 @@ def _start(mode: ModeReport, category: Category) -> int:
 
 
 @pytest.mark.parametrize("text, words", [
-    ("pp=2", "not supported yet"), ("bogus=2", "unknown strategy"), ("zero1=2,tp=2", "combinations"), ("fsdp", "malformed"),
+    ("pp=2", "not supported yet"), ("bogus=2", "unknown strategy"), ("zero1=2,tp=2", "combinations"),
+    ("fsdp", "malformed"),
     ("fsdp=0", "positive"), ("ddp=2,zero1=2", "combinations"), ("fsdp=2,fsdp=2", "combinations"),
 ])
 def test_bad_specs_are_refused_with_the_reason(text: str, words: str) -> None:
