@@ -112,20 +112,25 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
                      make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
                      loss: str, iterations: int = 2, amp: torch.dtype | None = None,
                      grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = (),
-                     kw_inputs: dict[str, torch.Tensor] | None = None) -> Measured:
+                     kw_inputs: dict[str, torch.Tensor] | None = None, checkpoint_every: int = 1,
+                     checkpoint_save: tuple[str, ...] = ()) -> Measured:
     """Run the documented training step for real; see the module docstring.
 
     amp: autocast dtype on CPU around forward and loss (float16 adds GradScaler("cpu")).
     grad_accum: micro-steps per optimizer step, each in its own function (locals die at its
         return); with 1, out and loss live until the optimizer step is done.
-    checkpoint_classes: modules of these classes run under non-reentrant checkpointing.
+    checkpoint_classes: modules of these classes run under non-reentrant checkpointing;
+        only every ``checkpoint_every``-th of them (the 1st, k+1-th, ...); with
+        ``checkpoint_save``, selectively: torch's create_selective_checkpoint_contexts saves
+        the outputs of "matmuls" (mm, addmm, bmm, baddbmm), of every second matmul of a call
+        ("every-2nd-matmul"), or of "attention" (the SDPA kernels), and recomputes the rest.
     """
     torch.manual_seed(0)
     model = build()
     model.train()
-    for module in model.modules():
-        if type(module).__name__ in checkpoint_classes:
-            module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
+    chosen = [m for m in model.modules() if type(m).__name__ in checkpoint_classes]
+    for module in chosen[::checkpoint_every]:
+        module.forward = _checkpointed(module.forward, checkpoint_save)  # type: ignore[method-assign]
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     # init_scale=1: no overflow, so every step runs (the steady state graphmem models)
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if amp == torch.float16 else None
@@ -188,10 +193,35 @@ def _loss(out: Any, loss: str, targets: list[torch.Tensor]) -> torch.Tensor:
     return fn(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
 
 
-def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+def _checkpointed(forward: Callable[..., Any], save: tuple[str, ...] = ()) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
-        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if not save:
+            return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False,
+                                                 context_fn=lambda: _selective(save), **kwargs)
     return run
+
+
+def _selective(save: tuple[str, ...]) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    matmuls = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
+    kept = set(matmuls) if "matmuls" in save else set()
+    kept |= {getattr(aten, n.removeprefix("aten.")) for n in save if n.startswith("aten.")}
+    if "attention" in save:
+        kept |= {getattr(aten, n) for n in dir(aten) if n.startswith("_scaled_dot_product_")
+                 and ("attention" in n) and not n.endswith("backward")}
+    seen = {True: 0, False: 0}
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if "every-2nd-matmul" in save and op.overloadpacket in matmuls:
+            seen[ctx.is_recompute] += 1
+            if seen[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.MUST_SAVE if op.overloadpacket in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {

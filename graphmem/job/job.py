@@ -118,8 +118,9 @@ class Job:
         """The same job with some fields changed, by Job field or ``make_job`` keyword
         (``optimizer="sgd"``, ``amp="bf16"``, ``checkpoint=["Block"]``, ``kwargs={...}``)."""
         step = {key: changes.pop(key) for key in list(changes) if key in _STEP_FIELDS}
-        if "checkpoint" in step:
-            step["checkpoint"] = _class_names(step["checkpoint"])
+        for key in ("checkpoint", "checkpoint_save"):
+            if key in step:
+                step[key] = _class_names(step[key])
         if "kwargs" in changes:
             changes["model_kwargs"] = dict(changes.pop("kwargs") or {})
         if "inputs" in changes:
@@ -133,7 +134,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
              mode: str = "both", optimizer: str = "adam", loss: str = "auto", device: str | None = None,
              dtype: torch.dtype | str | None = None, kwargs: Mapping[str, Any] | None = None,
              optimizer_kwargs: Mapping[str, Any] | None = None, optimizer_impl: str = "auto",
-             amp: str | None = None, checkpoint: Sequence[str] | str = (), grad_accum: int = 1,
+             amp: str | None = None, checkpoint: Sequence[str] | str = (), checkpoint_every: int = 1,
+             checkpoint_save: Sequence[str] | str = (), grad_accum: int = 1,
              gpu: str | None = None, sdpa: str = "auto", alloc_conf: str | None = None,
              assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
              preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
@@ -161,6 +163,7 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     """
     step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=_class_names(checkpoint),
+                      checkpoint_every=checkpoint_every, checkpoint_save=_class_names(checkpoint_save),
                       grad_accum=grad_accum)
     if isinstance(generate, str):
         generate = parse_generate(generate, batch)

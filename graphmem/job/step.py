@@ -14,7 +14,7 @@ from graphmem.errors import UserInputError
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 
 __all__ = ["StepConfig", "OPTIMIZERS", "OPTIMIZER_CHOICES", "OPTIMIZER_IMPLS", "LOSSES", "AMP_DTYPES",
-           "resolve_optimizer"]
+           "SAVE_CHOICES", "resolve_optimizer"]
 
 # name -> (torch.optim class name, default kwargs): the real classes with their defaults.
 OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -41,6 +41,12 @@ OPTIMIZER_CHOICES = (*OPTIMIZERS, *FORMULA_OPTIMIZERS, "none")
 OPTIMIZER_IMPLS = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
                    "fused": {"fused": True}}
 LOSSES = ("auto", "sum", "mean", "cross_entropy", "nll")
+# --checkpoint-save: the outputs kept by selective activation checkpointing
+SAVE_CHOICES = {
+    "matmuls": "every matrix multiply (mm, addmm, bmm, baddbmm)",
+    "every-2nd-matmul": "every second matrix multiply of a block's forward (torchtitan's op policy)",
+    "attention": "the scaled-dot-product attention kernels",
+}
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -57,6 +63,10 @@ class StepConfig:
         amp: None, ``"bf16"`` or ``"fp16"``: torch.autocast around forward and loss
             (fp16 adds a torch.amp.GradScaler).
         checkpoint: class names whose modules run under non-reentrant torch.utils.checkpoint.
+        checkpoint_every: checkpoint only every k-th of those modules (the 1st, k+1-th, ...).
+        checkpoint_save: selective checkpointing: inside a checkpointed module, the outputs of
+            these ops are saved and every other op is recomputed in backward (names from
+            SAVE_CHOICES or aten op names such as ``aten.mm``); empty: recompute everything.
         grad_accum: micro-steps (forward + backward) per optimizer step.
         iterations: optimizer steps recorded (2: the first creates the optimizer state).
     """
@@ -67,6 +77,8 @@ class StepConfig:
     loss: str = "auto"
     amp: str | None = None
     checkpoint: tuple[str, ...] = ()
+    checkpoint_every: int = 1
+    checkpoint_save: tuple[str, ...] = ()
     grad_accum: int = 1
     iterations: int = 2
 
@@ -80,6 +92,15 @@ class StepConfig:
                                      (self.amp or "bf16", tuple(AMP_DTYPES), "amp")):
             if value not in choices:
                 raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")
+        if (self.checkpoint_every != 1 or self.checkpoint_save) and not self.checkpoint:
+            raise UserInputError("--checkpoint-every and --checkpoint-save refine --checkpoint CLASS; give the "
+                                 "class of the blocks to checkpoint too")
+        if self.checkpoint_every < 1:
+            raise UserInputError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        unknown = [n for n in self.checkpoint_save if n not in SAVE_CHOICES and not n.startswith("aten.")]
+        if unknown:
+            raise UserInputError(f"--checkpoint-save: unknown {', '.join(unknown)}; expected "
+                                 f"{', '.join(SAVE_CHOICES)} or aten op names such as aten.mm")
         if self.grad_accum < 1 or self.iterations < 1:
             raise UserInputError(f"grad-accum and iterations must be >= 1, got {self.grad_accum} "
                                  f"and {self.iterations}")

@@ -5,6 +5,7 @@ optimizer, autocast and loss code dispatch."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -14,7 +15,11 @@ from torch.utils._pytree import tree_flatten
 from graphmem.errors import TraceError, UnsupportedError, UserInputError
 from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer
 
-__all__ = ["make_optimizer", "find_logits", "compute_loss", "make_targets"]
+__all__ = ["make_optimizer", "find_logits", "compute_loss", "make_targets", "selective_policy"]
+
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+_ATTENTION = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero: bool = False
@@ -81,3 +86,44 @@ def compute_loss(kind: str, output: Any, targets: torch.Tensor | None) -> torch.
     if kind == "cross_entropy":
         return F.cross_entropy(flat, targets.reshape(-1))
     return F.nll_loss(flat, targets.reshape(-1))
+
+
+def _packets(names: Sequence[str]) -> frozenset[Any]:
+    found = set()
+    for name in names:
+        packet = getattr(torch.ops.aten, name.removeprefix("aten."), None)
+        if packet is None:
+            raise UserInputError(f"--checkpoint-save: no op {name!r} in this torch")
+        found.add(packet)
+    return frozenset(found)
+
+
+def selective_policy(save: Sequence[str]) -> Callable[[], Any]:
+    """The ``context_fn`` of torch.utils.checkpoint that saves the outputs of the ``save`` ops
+    (``matmuls``, ``every-2nd-matmul``, ``attention`` or aten op names) and recomputes the rest,
+    with torch's own create_selective_checkpoint_contexts."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    matmuls = _packets(_MATMULS)
+    every_second = "every-2nd-matmul" in save
+    chosen = set(_packets([n for n in save if n.startswith("aten.")]))
+    if "matmuls" in save:
+        chosen |= matmuls
+    if "attention" in save:
+        chosen |= {getattr(torch.ops.aten, n) for n in _ATTENTION if hasattr(torch.ops.aten, n)}
+
+    def make() -> Any:
+        counts = {"forward": 0, "recompute": 0}  # matmuls seen by this checkpoint call
+
+        def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+            packet = op.overloadpacket
+            if every_second and packet in matmuls:
+                mode = "recompute" if ctx.is_recompute else "forward"
+                counts[mode] += 1
+                if counts[mode] % 2 == 0:
+                    return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.MUST_SAVE if packet in chosen else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return make

@@ -46,7 +46,7 @@ from graphmem.trace._torch_api import (
 from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.fakes import fake_inputs, fake_parameters
-from graphmem.trace.optim import compute_loss, find_logits, make_optimizer, make_targets
+from graphmem.trace.optim import compute_loss, find_logits, make_optimizer, make_targets, selective_policy
 from graphmem.trace.parallel import (
     apply_parallel,
     fake_process_group,
@@ -267,7 +267,7 @@ def _run_training(model: nn.Module, inner: nn.Module, args: list[Any], kwargs: d
     # micro-steps after the second repeat it exactly (same tensors, gradients resident)
     micro_steps = min(step.grad_accum, 2)
     with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
-            _checkpointed(model, step.checkpoint, recorder):
+            _checkpointed(inner, step, recorder):
         for iteration in range(step.iterations):
             recorder.iteration = iteration
             if step.grad_accum == 1:
@@ -351,21 +351,25 @@ def _optimizer_step(loop: _Loop) -> None:
 
 
 @contextlib.contextmanager
-def _checkpointed(model: nn.Module, class_names: tuple[str, ...], recorder: Recorder) -> Iterator[None]:
-    """Run every module of the named classes under non-reentrant torch.utils.checkpoint."""
+def _checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iterator[None]:
+    """Run every ``step.checkpoint_every``-th module of the named classes under non-reentrant
+    torch.utils.checkpoint; with ``step.checkpoint_save``, selectively (op outputs kept)."""
+    class_names = step.checkpoint
     if not class_names:
         yield
         return
     paths = {id(m): name for name, m in model.named_modules()}
-    targets = [m for m in model.modules() if type(m).__name__ in class_names]
-    missing = set(class_names) - {type(m).__name__ for m in targets}
+    found = [m for m in model.modules() if type(m).__name__ in class_names]
+    missing = set(class_names) - {type(m).__name__ for m in found}
     if missing:
         available = sorted({type(m).__name__ for m in model.modules()})
         raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
                              f"model; its classes are: {', '.join(available)}")
+    targets = found[::step.checkpoint_every]
+    context = selective_policy(step.checkpoint_save) if step.checkpoint_save else None
     for module in targets:
         module.forward = functools.partial(_checkpoint_call, module.forward,
-                                           paths.get(id(module), ""), recorder)
+                                           paths.get(id(module), ""), recorder, context)
     try:
         yield
     finally:
@@ -373,7 +377,8 @@ def _checkpointed(model: nn.Module, class_names: tuple[str, ...], recorder: Reco
             del module.forward
 
 
-def _checkpoint_call(forward: Any, path: str, recorder: Recorder, *args: Any, **kwargs: Any) -> Any:
+def _checkpoint_call(forward: Any, path: str, recorder: Recorder, context: Callable[[], Any] | None,
+                     *args: Any, **kwargs: Any) -> Any:
     def run(*inner: Any, **inner_kwargs: Any) -> Any:
         recorder.module_stack.append(path)  # names the module in the backward recompute too
         try:
@@ -381,7 +386,9 @@ def _checkpoint_call(forward: Any, path: str, recorder: Recorder, *args: Any, **
         finally:
             recorder.module_stack.pop()
 
-    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+    if context is None:
+        return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)
 
 
 def _saving(recorder: Recorder) -> Any:

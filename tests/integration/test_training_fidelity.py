@@ -38,6 +38,8 @@ def _check(model: ZooModel, oracle_optimizer: Any, **options: Any) -> None:
         oracle_options["amp"] = {"bf16": torch.bfloat16, "fp16": torch.float16}[options["amp"]]
     if options.get("checkpoint"):
         oracle_options["checkpoint_classes"] = tuple(options["checkpoint"])
+        oracle_options["checkpoint_every"] = options.get("checkpoint_every", 1)
+        oracle_options["checkpoint_save"] = tuple(options.get("checkpoint_save", ()))
     measured = measure_training(model.build, real_inputs(model.inputs, model.int_high), oracle_optimizer,
                                 model.loss, **oracle_options)
     predicted = graphmem.analyze(model.build, model.inputs, mode="train", loss=model.loss, **options)
@@ -64,6 +66,17 @@ def test_autocast_fp16_with_grad_scaler(model: str) -> None:
 
 def test_checkpoint_what_if_on_gpt_blocks() -> None:
     _check(MODELS["gpt"], _oracle_optimizer("sgd", "for-loop"), optimizer="sgd", checkpoint=["Block"])
+
+
+@pytest.mark.parametrize("options", [
+    {"checkpoint_every": 2}, {"checkpoint_save": ["matmuls"]}, {"checkpoint_save": ["every-2nd-matmul"]},
+    {"checkpoint_save": ["attention"]}, {"checkpoint_save": ["aten.mm", "aten.addmm"], "checkpoint_every": 2},
+])
+def test_selective_and_every_kth_block_checkpointing(options: dict[str, Any]) -> None:
+    model = ZooModel("gpt4", lambda: MODELS["gpt"].build().__class__(vocab=100, dim=64, layers=4, heads=4,
+                                                                     max_seq=64), ("8x32:int64",),
+                     loss="cross_entropy")
+    _check(model, _oracle_optimizer("sgd", "for-loop"), optimizer="sgd", checkpoint=["Block"], **options)
 
 
 def test_checkpoint_report_has_both_numbers_and_recompute_flops() -> None:
