@@ -1,7 +1,9 @@
 """Speed of the analysis at LLM scale (issue 7): wall seconds and peak RSS, each in a fresh process.
 
 - llama-3-8b training at 4096 tokens, bf16 weights, AdamW, labels in (output.loss);
-- llama-3-70b inference with an 8k-token KV cache (prefill 8192 tokens, one decode step).
+- llama-3-70b inference with an 8k-token KV cache (prefill 8192 tokens, one decode step);
+- llama-3-70b training at 8192 tokens per GPU with FSDP2 over 64 GPUs, and FSDP2 over 8 x tensor
+  parallel over 8 (one rank recorded per group of ranks whose memory is the same).
 
     python benchmarks/bench_llm.py [--json out.json]
 """
@@ -19,6 +21,12 @@ CASES: dict[str, dict[str, Any]] = {
         preset="llama-3-8b", inputs=["input_ids=1x4096:int64", "labels=1x4096:int64"], mode="train",
         optimizer="adamw"),
     "llama-3-70b generate 8192+1": dict(preset="llama-3-70b", inputs=[], generate="8192+1"),
+    "llama-3-70b train 1x8192 adamw fsdp=64": dict(
+        preset="llama-3-70b", inputs=["input_ids=1x8192:int64"], mode="train", optimizer="adamw",
+        parallel="fsdp=64"),
+    "llama-3-70b train 1x8192 adamw fsdp=8,tp=8": dict(
+        preset="llama-3-70b", inputs=["input_ids=1x8192:int64"], mode="train", optimizer="adamw",
+        parallel="fsdp=8,tp=8"),
 }
 
 CHILD = """

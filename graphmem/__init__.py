@@ -18,12 +18,12 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from graphmem.api import analyze  # noqa: E402
-from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError  # noqa: E402
+from graphmem.errors import GraphmemError, OutputError, TraceError, UnsupportedError, UserInputError  # noqa: E402
 from graphmem.job import InputSpec, Job, StepConfig, make_job, parse_input_spec  # noqa: E402
 from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["analyze", "Category", "GraphmemError", "InputSpec", "Job", "Lifetime", "MemoryReport",
-           "ModeReport", "PeakInfo", "PhasePeak", "StepConfig", "TraceError", "UnsupportedError",
+           "ModeReport", "OutputError", "PeakInfo", "PhasePeak", "StepConfig", "TraceError", "UnsupportedError",
            "UserInputError", "make_job", "parse_input_spec", "__version__"]

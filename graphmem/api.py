@@ -85,7 +85,7 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
     if job.model is None:
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     source = resolve_target(job.model) if isinstance(job.model, str) else job.model
-    module = build_model(source, job.model_kwargs, job.hf_config)
+    module = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
     table = rules_for(job.device, rules)
     modeled = {str(op) for op in table.scratch}
     specs = [parse_input_spec(text) for text in job.inputs]

@@ -2,12 +2,13 @@
 
 User mistakes (bad target, bad shape, bad option) are ``UserInputError``; failures while
 recording or analysing a model that was given correctly are ``TraceError`` or
-``UnsupportedError``.  The CLI maps the first to exit code 2 and the others to exit code 3.
+``UnsupportedError``; a result that could not be written is ``OutputError``.  The CLI maps
+the first to exit code 2 and the others to exit code 3 (docs/exit-codes.md).
 """
 
 from __future__ import annotations
 
-__all__ = ["GraphmemError", "UserInputError", "TraceError", "UnsupportedError"]
+__all__ = ["GraphmemError", "UserInputError", "TraceError", "UnsupportedError", "OutputError"]
 
 
 class GraphmemError(Exception):
@@ -30,5 +31,11 @@ class TraceError(GraphmemError):
 
 class UnsupportedError(GraphmemError):
     """The model uses a feature graphmem does not model."""
+
+    exit_code = 3
+
+
+class OutputError(GraphmemError):
+    """A result or picture file could not be written (disk full, folder removed meanwhile)."""
 
     exit_code = 3

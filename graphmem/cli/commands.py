@@ -2,20 +2,26 @@
 
 Each parses its options into one Job (graphmem.cli.options), calls the library once, renders
 with the renderer its ``--format`` names, writes the output and maps errors to exit codes
-(graphmem.cli.exit_codes).
+(graphmem.cli.exit_codes; every command runs under graphmem.cli.process: interrupts, stdout,
+the JSON error document).  Every output path is validated while the options are parsed, before
+the analysis; the files are written whole and renamed into place together (all or none).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import click
 
 from graphmem import __version__
 from graphmem.api import analyze
-from graphmem.cli.exit_codes import errors_to_exit_codes, preflight_errors
+from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
 from graphmem.cli.options import ParsedType, job_from, job_options, output_options
+from graphmem.cli.process import GraphmemGroup, print_result, raise_if_interrupted, user_output_to_stderr
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import UserInputError
 from graphmem.job.job import ANALYSIS_MODES, Job
@@ -23,13 +29,14 @@ from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, 
 from graphmem.preflight.check import PREFLIGHT_MODES, check, search_largest
 from graphmem.preflight.plan import make_plan
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
+from graphmem.report.files import StagedFiles, staged_files
 from graphmem.report.plan_table import PLAN_RENDERERS
 from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Context
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=GraphmemGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="graphmem")
 def main() -> None:
     """Predict the memory of a PyTorch training step before it runs.
@@ -37,23 +44,52 @@ def main() -> None:
     The model is built on the meta device (no weights are allocated); the real step
     (forward, autograd backward, optimizer) is recorded as a graph of aten ops on fake
     tensors, and a storage-aware liveness pass gives the live bytes after every op.
+
+    Exit codes (docs/exit-codes.md): 0 success (check: fits), 1 does not fit (check, max-batch),
+    2 usage error, 3 the analysis failed, 130 interrupted, 141 stdout closed.
     """
 
 
 def _picture(param: Any, path: str | None) -> str | None:
-    """Refuse a picture path with the wrong suffix or a missing extra before analysing."""
+    """Refuse a picture path with the wrong suffix, in a folder where no file can be written,
+    or whose extra is missing, before analysing."""
     try:
         return None if path is None else check_output_path(param.name, path)
     except UserInputError as exc:
         raise click.BadParameter(str(exc), param=param) from None
 
 
-def _write(text: str, output: str | None) -> None:
-    if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        click.echo(text, nl=False)
+@contextlib.contextmanager
+def _analysis(debug: bool) -> Iterator[None]:
+    """Around the library call: the user's code prints to stderr, errors leave with their exit codes."""
+    with errors_to_exit_codes(debug), user_output_to_stderr():
+        yield
+
+
+def _write(text: str, output: str | None, debug: bool, pictures: Callable[[StagedFiles], None] | None = None) -> None:
+    """The result to --output (with the pictures: each written whole under a temporary name,
+    all renamed into place once all are written, none left on failure) or to stdout.  Nothing
+    is written once interrupted."""
+    with errors_to_exit_codes(debug), staged_files() as staged:
+        if pictures is not None:
+            pictures(staged)
+        if output:
+            Path(staged.path_for(output)).write_text(text, encoding="utf-8")
+        raise_if_interrupted()
+    if not output:
+        print_result(text)
+
+
+def _distinct(**paths: str | None) -> None:
+    """Refuse two outputs of one run that name the same file (one would overwrite the other)."""
+    seen: dict[Path, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise click.UsageError(f"--{seen[key]} and --{option} name the same file {path!r}; give each its own")
+        seen[key] = option
 
 
 @main.command("analyze")
@@ -81,17 +117,19 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
 
     Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
     """
-    with errors_to_exit_codes(debug):
+    _distinct(output=output, timeline=timeline, snapshot=snapshot, dot=dot)
+    with _analysis(debug):
         report = analyze(job_from(options))
         text = RENDERERS[fmt](report, units, depth=depth, top=top)
-        write_files(report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth,
-                    units=units)
-    _write(text, output)
+    _write(text, output, debug, lambda staged: write_files(
+        report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth, units=units,
+        staged=staged))
 
 
 # ---------------------------------------------------------------------------------------------
 # Pre-flight: check, max-batch / max-seq, plan (docs/preflight.md).  Exit codes: 0 fits,
-# 1 does not fit, 2 usage errors, 3 analysis failures (a bug too: 1 must only mean "does not fit").
+# 1 does not fit, 2 usage errors, 3 analysis failures (a bug too: 1 must only mean "does not fit"),
+# 130 interrupted, 141 stdout closed (docs/exit-codes.md).
 
 # 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
 BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)
@@ -125,16 +163,16 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
 def check_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
                   debug: bool, **options: Any) -> None:
     """Will TARGET fit the budget?  Exit 0: the predicted peak (allocated on cuda) with --margin
-    fits; 1: it does not; 2: usage error; 3: the analysis failed.
+    fits; 1: it does not; 2: usage error; 3: the analysis failed; 130: interrupted.
 
     Example: graphmem check examples/mlp.py:MLP --input 32x1000 --budget 16MiB --margin 5%
     """
-    with preflight_errors(debug):
+    with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
         result = check(job, limit)
         text = CHECK_RENDERERS[fmt](result, context, units)
-    _write(text, output)
-    click.get_current_context().exit(0 if result.fits else 1)
+    _write(text, output, debug)
+    click.get_current_context().exit(SUCCESS if result.fits else DOES_NOT_FIT)
 
 
 @main.command("max-batch")
@@ -150,12 +188,12 @@ def max_batch_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, u
     Example: graphmem max-batch examples/mlp.py:MLP --input Bx1000 --budget 64MiB
     """
     key = "max_seq" if click.get_current_context().info_name == "max-seq" else "max_batch"
-    with preflight_errors(debug):
+    with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
         result = search_largest(job, limit)
         text = SEARCH_RENDERERS[fmt](result, context, units, key=key)
-    _write(text, output)
-    click.get_current_context().exit(0 if result.max_value else 1)
+    _write(text, output, debug)
+    click.get_current_context().exit(SUCCESS if result.max_value else DOES_NOT_FIT)
 
 
 main.add_command(max_batch_command, name="max-seq")
@@ -179,8 +217,8 @@ def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units:
 
     Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
     """
-    with preflight_errors(debug):
+    with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
         plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size)
         text = PLAN_RENDERERS[fmt](plan, context, units)
-    _write(text, output)
+    _write(text, output, debug)

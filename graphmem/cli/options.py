@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from graphmem.cli.process import user_output_to_stderr
 from graphmem.cuda.gpus import GPUS
 from graphmem.errors import UserInputError
 from graphmem.job.job import DEFAULT_GPU, DEVICES, SDPA_CHOICES, Job, make_job
@@ -22,6 +23,7 @@ from graphmem.job.presets import PRESETS
 from graphmem.job.spec import MODEL_DTYPES, parse_assumption, validate_inputs
 from graphmem.job.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
 from graphmem.report import UNIT_CHOICES
+from graphmem.report.files import check_destination
 
 __all__ = ["JOB_OPTION_NAMES", "JsonObjectType", "ParsedType", "job_from", "job_options", "output_options"]
 
@@ -67,13 +69,27 @@ class JsonObjectType(click.ParamType):  # type: ignore[type-arg]
         return data
 
 
+def _import_target(text: str) -> tuple[str, ModelSource]:
+    """(the text, what it names), imported with the module's prints going to stderr."""
+    with user_output_to_stderr():
+        return text, resolve_target(text)
+
+
+def _destination(param: Any, path: str | None) -> str | None:
+    """Refuse an output path no file can be written to, before anything is analysed."""
+    try:
+        return None if path is None else check_destination(path)
+    except UserInputError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
 def _spec_text(value: str) -> str:
     validate_inputs([value], symbolic=None)
     return str(value)
 
 
 # pkg.module:Attr or path/file.py:Attr -> (the text, the imported class, factory or module)
-TargetType = lambda: ParsedType("TARGET", lambda text: (text, resolve_target(text)), tuple)
+TargetType = lambda: ParsedType("TARGET", _import_target, tuple)
 # [NAME=]DIMS[:DTYPE] where one dimension may be a capital letter (Bx1000) -> the text
 SpecTextType = lambda: ParsedType("[NAME=]DIMS[:DTYPE]", _spec_text)
 
@@ -121,6 +137,12 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--checkpoint", "checkpoint_classes"], default="", metavar="CLASS[,CLASS]",
                      help="What-if: run every module of these classes under non-reentrant activation "
                           "checkpointing; the report shows the peak with and without it."),
+        click.Option(["--checkpoint-every"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With --checkpoint: checkpoint only every K-th module of those classes (1st, K+1-th, ...)."),
+        click.Option(["--checkpoint-save"], default="", metavar="OPS",
+                     help="With --checkpoint: selective activation checkpointing: keep the outputs of these ops "
+                          "and recompute the rest: matmuls, every-2nd-matmul, attention, or aten op names "
+                          "(aten.mm,aten.addmm)."),
         click.Option(["--grad-accum"], type=click.IntRange(min=1), default=1, show_default=True,
                      help="Forward/backward micro-steps per optimizer step."),
         click.Option(["--loss"], type=click.Choice(LOSSES), default="auto", show_default=True,
@@ -148,6 +170,10 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--parallelize"], default=None, metavar="pkg.module:fn",
                      help="With --parallel: your own fn(model, mesh) that applies your parallelism (the "
                           "one your trainer calls), run unchanged on the mesh --parallel describes."),
+        click.Option(["--tp-plan"], default=None, metavar="pkg.module:PLAN",
+                     help="With tp: a dict of module name (* matches one name) -> colwise | rowwise | "
+                          "colwise_rep | rowwise_rep | sequence_parallel (default: a transformers model's own "
+                          "base_model_tp_plan)."),
         click.Option(["--fsdp-units"], default="", metavar="CLASS[,CLASS]",
                      help="With fsdp: the classes of the modules sharded as units (default: the model's "
                           "repeated blocks)."),
@@ -187,7 +213,8 @@ def output_options(formats: Sequence[str]) -> Callable[[F], F]:
             click.Option(["--units"], type=click.Choice(UNIT_CHOICES), default="auto", show_default=True,
                          help="Units of sizes in tables (JSON is always in bytes)."),
             click.Option(["--output", "-o"], type=click.Path(dir_okay=False, writable=True), default=None,
-                         help="Write the report to this file instead of standard output."),
+                         callback=lambda c, p, v: _destination(p, v),
+                         help="Write the report to this file instead of standard output (whole or not at all)."),
             click.Option(["--debug"], is_flag=True, help="Show the full traceback on errors."),
         ]
         command.__click_params__ = [*getattr(command, "__click_params__", []), *reversed(params)]  # type: ignore[attr-defined]
@@ -203,7 +230,8 @@ def job_from(options: Mapping[str, Any]) -> Job:
         source, options["inputs"], mode=options["mode"], optimizer=options["optimizer"], loss=options["loss"],
         device=options["device"], dtype=options["dtype"], kwargs=options["model_kwargs"],
         optimizer_kwargs=options["optimizer_kwargs"], optimizer_impl=options["optimizer_impl"],
-        amp=options["amp"], checkpoint=options["checkpoint_classes"], grad_accum=options["grad_accum"],
+        amp=options["amp"], checkpoint=options["checkpoint_classes"], checkpoint_every=options["checkpoint_every"],
+        checkpoint_save=options["checkpoint_save"], grad_accum=options["grad_accum"],
         gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
         assume=dict(parse_assumption(a) for a in options["assumptions"]),
         hf_config=load_hf_config(options["hf_config"], options["hf_config_kwargs"]), preset=options["preset"],
@@ -211,4 +239,5 @@ def job_from(options: Mapping[str, Any]) -> Job:
         ddp_bucket_mb=options["ddp_bucket_mb"], ddp_bucket_view=options["ddp_bucket_view"],
         reshard_after_forward={"default": None, "true": True, "false": False}[options["reshard_after_forward"]],
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
-        fsdp_units=options["fsdp_units"], parallelize=options["parallelize"], name=name)
+        fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
+        name=name)

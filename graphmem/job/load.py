@@ -3,17 +3,25 @@
 Input: a target string (or an object from Python), constructor keyword arguments and an
 optional dtype.  Output: an ``nn.Module`` whose parameters and buffers live on the meta
 device, so no parameter memory is ever allocated, whatever the model's size.
+
+The user's code runs here (its module's import, its constructor) as it would under
+``python file.py`` with no arguments: ``sys.argv`` is the target alone, so a module that
+parses the command line at import sees none of graphmem's options; a ``SystemExit`` is an
+error (UserInputError), never the end of graphmem; CUDA calls in the constructor
+(``.cuda()``, ``device="cuda"``, ``torch.cuda.is_available()``) are answered on the meta
+device (graphmem.job.devices).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,7 @@ import torch
 from torch import nn
 
 from graphmem.errors import UserInputError
+from graphmem.job.devices import cuda_calls_on_cpu
 
 __all__ = ["resolve_target", "build_model", "load_hf_config", "ModelSource"]
 
@@ -28,6 +37,33 @@ __all__ = ["resolve_target", "build_model", "load_hf_config", "ModelSource"]
 ModelSource = type[nn.Module] | Callable[..., nn.Module] | nn.Module
 
 _TARGET_HINT = "expected TARGET as package.module:Attr or path/to/file.py:Attr"
+_EXIT_HINT = ("graphmem imports TARGET and calls it; keep code that exits or parses the command line "
+              "under `if __name__ == \"__main__\":`")
+
+
+@contextlib.contextmanager
+def _argv(program: str) -> Iterator[None]:
+    """``sys.argv`` is ``[program]`` inside (graphmem's own options are not the user's)."""
+    saved = sys.argv
+    sys.argv = [program]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def _exited(exc: SystemExit) -> str:
+    return f"SystemExit({exc.code!r})"
+
+
+def _target_of(source: Any, name: str) -> str:
+    """``module:Attr`` or ``path/file.py:Attr`` naming ``source`` as the user would (best effort)."""
+    module_name = getattr(source, "__module__", None) or "?"
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module_name.startswith("graphmem_user_") and path:  # a file target (see _import_module)
+        module_name = os.path.relpath(path)
+    return f"{module_name}:{name}"
 
 
 def _import_module(module_part: str) -> Any:
@@ -46,7 +82,11 @@ def _import_module(module_part: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         sys.path.insert(0, str(path.resolve().parent))  # let the file import its siblings
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)  # as importlib does: no half-imported module stays behind
+            raise
         return module
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -64,9 +104,12 @@ def resolve_target(target: str) -> ModelSource:
     if not sep or not module_part or not attr_path:
         raise UserInputError(f"malformed target {target!r}; {_TARGET_HINT}")
     try:
-        module = _import_module(module_part)
+        with _argv(target):
+            module = _import_module(module_part)
     except UserInputError:
         raise
+    except SystemExit as exc:
+        raise UserInputError(f"{target} exited during import: {_exited(exc)}; {_EXIT_HINT}") from exc
     except ModuleNotFoundError as exc:
         if exc.name == "transformers":
             raise UserInputError("transformers is not installed; install it with: "
@@ -97,8 +140,8 @@ def _is_model_like(obj: Any) -> bool:
 
 
 def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
-                hf_config: Mapping[str, Any] | None = None) -> nn.Module:
-    """Build the model under ``torch.device("meta")``.
+                hf_config: Mapping[str, Any] | None = None, *, device: str = "cpu") -> nn.Module:
+    """Build the model under ``torch.device("meta")``, with ``sys.argv`` the target alone.
 
     Args:
         source: an nn.Module subclass, a factory returning an nn.Module, or an nn.Module
@@ -106,12 +149,15 @@ def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
         kwargs: keyword arguments for the class or factory.
         hf_config: for a Hugging Face transformers model class: the config values (a
             config.json's contents); the model is built as ``cls(cls.config_class(**values))``.
+        device: the analysed device, ``cpu`` or ``cuda``: what ``torch.cuda.is_available()``
+            tells the constructor.  Its CUDA calls (``.cuda()``, ``.to("cuda")``,
+            ``device="cuda"``) leave the tensors on meta.
 
     Returns:
         The model.  Built models hold meta tensors only.
 
     Raises:
-        UserInputError: the constructor raised, or did not return an nn.Module.
+        UserInputError: the constructor raised or exited, or did not return an nn.Module.
     """
     kwargs = dict(kwargs or {})
     if isinstance(source, nn.Module):
@@ -126,9 +172,12 @@ def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
             raise UserInputError(f"--hf-config given, but {name} is not a transformers model class "
                                  "(it has no config_class); drop --hf-config or point at one")
         kwargs = {"config": config_class(**{**hf_config, **kwargs})}
+    program = _target_of(source, name)
     try:
-        with torch.device("meta"):
+        with _argv(program), cuda_calls_on_cpu(device, tensors_on="meta"), torch.device("meta"):
             model = source(**kwargs)
+    except SystemExit as exc:
+        raise UserInputError(f"{program} exited during construction: {_exited(exc)}; {_EXIT_HINT}") from exc
     except Exception as exc:
         raise UserInputError(f"building {name}(**{kwargs!r}) failed: {type(exc).__name__}: "
                              f"{exc}; check --kwargs") from exc

@@ -85,9 +85,10 @@ def _linear_weights(model: nn.Module, dtype: torch.dtype | None) -> tuple[tuple[
 
 
 def model_facts(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
-                dtype: torch.dtype | None = None, hf_config: Mapping[str, Any] | None = None) -> ModelFacts:
+                dtype: torch.dtype | None = None, hf_config: Mapping[str, Any] | None = None,
+                device: str = "cpu") -> ModelFacts:
     """Read the plan's structural sizes from the model built on meta (converted to ``dtype``)."""
-    model = build_model(source, kwargs, hf_config)  # an instance is only read, never converted
+    model = build_model(source, kwargs, hf_config, device=device)  # an instance is only read, never converted
     blocks = block_classes(model)
     units = [m for m in model.modules() if type(m).__name__ in blocks] or list(model.children()) or [model]
     prunable: dict[int, torch.Tensor] = {id(w): w for m in model.modules() if isinstance(m, PRUNABLE)
@@ -102,7 +103,8 @@ def model_facts(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
 
 
 def pruned_factory(source: ModelSource, kwargs: Mapping[str, Any] | None, amount: float,
-                   remove: bool, hf_config: Mapping[str, Any] | None = None) -> Callable[[], nn.Module]:
+                   remove: bool, hf_config: Mapping[str, Any] | None = None,
+                   device: str = "cpu") -> Callable[[], nn.Module]:
     """A factory of the model with every PRUNABLE layer's weight pruned by L1 magnitude.
 
     Args:
@@ -113,7 +115,8 @@ def pruned_factory(source: ModelSource, kwargs: Mapping[str, Any] | None, amount
         raise ValueError(f"pruned_factory: amount must be in (0, 1), got {amount}")
 
     def build() -> nn.Module:
-        model = copy.deepcopy(source) if isinstance(source, nn.Module) else build_model(source, kwargs, hf_config)
+        model = (copy.deepcopy(source) if isinstance(source, nn.Module)
+                 else build_model(source, kwargs, hf_config, device=device))
         for module in list(model.modules()):
             if isinstance(module, PRUNABLE):
                 prune.l1_unstructured(module, "weight", amount=amount)

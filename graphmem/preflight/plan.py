@@ -119,7 +119,7 @@ def _context(job: Job, budget: Budget, world_size: int, prune_amount: float, gro
     else:
         base = Prediction(base.peak_bytes, replace(both, train=None))
     batch, templates = batch_templates(job.inputs)
-    facts = model_facts(source, job.model_kwargs, job.dtype, job.hf_config)
+    facts = model_facts(source, job.model_kwargs, job.dtype, job.hf_config, job.device)
     ctx = PlanContext(job=job, source=source, budget=budget, base=base,
                       batch=batch, templates=templates, facts=facts, world_size=world_size,
                       prune_amount=prune_amount, group_size=group_size)

@@ -154,7 +154,8 @@ def job_with(ctx: PlanContext, changes: Mapping[str, Any]) -> Job:
         updates["parallel"] = replace(parse_parallel(text), reshard_after_forward=False if keep else None)
     if "prune_amount" in changes:
         updates.update(model=pruned_factory(ctx.source, ctx.job.model_kwargs, changes["prune_amount"],
-                                            changes.get("prune_remove", False), ctx.job.hf_config),
+                                            changes.get("prune_remove", False), ctx.job.hf_config,
+                                            ctx.job.device),
                        model_kwargs={}, hf_config=None)
     return ctx.job.updated(inputs=inputs, **updates)
 

@@ -46,6 +46,7 @@ _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 # FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
 # real run input and output are one tensor, so only the output is counted.
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
+_FAKES_ON = torch.device("cpu")
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # ops whose real kernel returns its input tensor itself, where the fake kernel makes a new one
@@ -252,6 +253,9 @@ class Recorder(TorchDispatchMode):
     # -- the mode ---------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if isinstance(device, torch.device) and device.type == "cuda":  # the user's device="cuda":
+            kwargs = {**kwargs, "device": _FAKES_ON}  # the fakes live on the CPU (graphmem.job.devices)
         if self._silent or func.namespace in ("prim", "profiler"):  # device queries, profiler marks
             return func(*args, **kwargs)
         self.poll()

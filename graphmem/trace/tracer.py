@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
 from graphmem.job.step import AMP_DTYPES, StepConfig
@@ -105,7 +106,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     given = model  # errors name the user's class, not the one fully_shard makes
     if parallel is not None and (parallel.shards or parallel.parallelize is not None):
         model = meta_copy(model)  # fully_shard (and user code) changes the module's class and parameters
-    with fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
+    with cuda_calls_on_cpu(device, tensors_on=target.type, functions=False), \
+            fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
         applied = apply_parallel(model, parallel, fake_mode) if parallel else None
         inner = applied.inner if applied else model
         if applied:  # the parameters now are the engine's (sharded) ones

@@ -1,0 +1,159 @@
+"""One command as a process: interrupts, standard output, closed pipes, the error document.
+
+The exit codes are graphmem.cli.exit_codes' (table: docs/exit-codes.md).  ``GraphmemGroup``
+runs every command so that:
+
+- Ctrl-C (SIGINT) exits 130 and writes no result.  For the command's duration the SIGINT
+  handler records the interrupt, then raises KeyboardInterrupt as Python's own does.  Python
+  prints and ignores a KeyboardInterrupt raised inside a weakref callback or ``__del__``
+  (graphmem's recorder holds weak references), and user code may catch it; the record is
+  checked again before any result is written and before the process exits, so a run
+  interrupted during ``check`` can never print FITS and exit 0.  (A Ctrl-C while Python is
+  still importing torch, before graphmem runs, kills the process by SIGINT: shells report
+  130 for that too.)
+- The user's code prints to stderr (``user_output_to_stderr``): stdout carries the result
+  only.  With ``--format json`` stdout carries exactly one JSON document, also on failure:
+  ``{"error": {"kind": ..., "message": ..., "exit_code": N}}``.
+- A closed stdout (``graphmem analyze ... | head -1``) ends the command quietly with 141.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+import click
+
+from graphmem.cli.exit_codes import CLOSED_PIPE, CommandError, CommandExit, as_command_error
+
+__all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "user_output_to_stderr"]
+
+
+class _ClosedStdout(Exception):
+    """stdout was closed before the result was written (not an OSError: click would exit 1)."""
+
+
+class _Run:
+    """The command running now, as the SIGINT handler sees it (signals are process-wide)."""
+
+    interrupted = False   # a SIGINT arrived, whether or not its KeyboardInterrupt got through
+    wrote_stdout = False  # the result started going to stdout: no error document may follow
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _Run.interrupted = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupts_recorded() -> Iterator[None]:
+    """Install ``_on_sigint`` for the block (only the main thread may set signal handlers)."""
+    _Run.interrupted = _Run.wrote_stdout = False
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt if a SIGINT arrived during this command, even one swallowed since."""
+    if _Run.interrupted:
+        raise KeyboardInterrupt
+
+
+def user_output_to_stderr() -> contextlib.AbstractContextManager[Any]:
+    """While the user's code runs (import, construction, the recorded step): its prints go
+    to stderr, so that stdout carries graphmem's result alone."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def print_result(text: str) -> None:
+    """Write the result to stdout, unless interrupted; a closed stdout ends the command (141)."""
+    raise_if_interrupted()
+    _Run.wrote_stdout = True
+    try:
+        click.echo(text, nl=False)
+    except BrokenPipeError as exc:
+        raise _ClosedStdout from exc
+
+
+def _asks_for_json(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for ``--format json`` (read before parsing, so that a
+    usage error is reported as JSON too); the last --format wins, as click's does."""
+    fmt = None
+    for i, arg in enumerate(argv):
+        if arg == "--format" and i + 1 < len(argv):
+            fmt = argv[i + 1]
+        elif arg.startswith("--format="):
+            fmt = arg.partition("=")[2]
+    return fmt == "json"
+
+
+def _show(error: CommandError, cause: BaseException, as_json: bool) -> None:
+    """``Error: ...`` (click's usage text for usage errors) on stderr; the JSON document on stdout."""
+    with contextlib.suppress(OSError, ValueError):  # a closed stderr must not change the exit code
+        if error.debug and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__)
+        if isinstance(cause, click.UsageError) and error.kind == "usage":
+            cause.show()
+        else:
+            click.echo(f"Error: {error.message}", err=True)
+    if as_json and not _Run.wrote_stdout:
+        document = {"error": {"kind": error.kind, "message": error.message, "exit_code": error.exit_code}}
+        with contextlib.suppress(OSError, ValueError):
+            click.echo(json.dumps(document, indent=2))
+
+
+def _click_saw_closed_stdout() -> bool:
+    """click, on a broken pipe outside our writes (--help), wraps stdout in its private
+    ``_PacifyFlushWrapper`` and exits 1."""
+    return type(sys.stdout).__name__.endswith("PacifyFlushWrapper")
+
+
+def _closed_stdout() -> NoReturn:
+    """Exit 141 without Python's "Exception ignored ... BrokenPipeError" when it flushes stdout."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(CLOSED_PIPE)
+
+
+class GraphmemGroup(click.Group):
+    """The ``graphmem`` group: runs a command with the guarantees of this module."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:  # a caller that handles errors itself gets click's behaviour
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        with _interrupts_recorded():
+            try:
+                code = super().main(argv, prog_name, complete_var, False, **extra)
+                raise_if_interrupted()
+            except SystemExit:
+                if _Run.interrupted:
+                    self._fail(KeyboardInterrupt(), argv)
+                if _click_saw_closed_stdout():  # e.g. --help | head -1: click exits 1 there
+                    _closed_stdout()
+                raise
+            except _ClosedStdout:
+                _closed_stdout()
+            except BaseException as exc:  # everything else ends as one error with its exit code
+                self._fail(exc, argv)
+        sys.exit(code or 0)
+
+    @staticmethod
+    def _fail(exc: BaseException, argv: Sequence[str]) -> NoReturn:
+        error = as_command_error(exc, _Run.interrupted)
+        _show(error, exc, _asks_for_json(argv))
+        raise CommandExit(error) from None
