@@ -116,11 +116,29 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
                             inference=None, train=None, gpu=gpu,
                             generate=_generation(gen, lambda m, s: run(m, step, s)))
     inference = run("inference", step) if job.mode in ("inference", "both") else None
-    train = run("train", step) if job.mode in ("train", "both") else None
-    baseline = run("train", replace(step, checkpoint=())) if train and step.checkpoint else None
+    labelled = _labels_from_ids(module, specs, step)
+    train = run("train", step, labelled) if job.mode in ("train", "both") else None
+    baseline = run("train", replace(step, checkpoint=()), labelled) if train and step.checkpoint else None
+    if labelled and train is not None:
+        note = ("training: no labels were given, so the input ids are used as labels (a copy, as causal "
+                "language-model trainers pass them); give labels=... or --loss to change it")
+        train = replace(train, assumptions=(*train.assumptions, note))
     return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
                         parallel=job.parallel.text if job.parallel else None)
+
+
+def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> list[InputSpec] | None:
+    """A causal language model trained without labels: the inputs plus ``labels`` shaped like
+    ``input_ids`` (its own loss then runs, as trainers run it); None otherwise."""
+    names = {s.name for s in specs}
+    forward = getattr(module, "forward", None)
+    causal = type(module).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    if step.loss != "auto" or not causal or "input_ids" not in names or "labels" in names or forward is None \
+            or "labels" not in inspect.signature(forward).parameters:
+        return None
+    ids = next(s for s in specs if s.name == "input_ids")
+    return [*specs, replace(ids, name="labels")]
 
 
 def _compared_peak(report: ModeReport) -> int:

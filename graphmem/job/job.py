@@ -20,7 +20,7 @@ from graphmem.errors import UserInputError
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
-from graphmem.job.spec import GenerateSpec, InputSpec, parse_dtype, parse_generate, validate_inputs
+from graphmem.job.spec import MODEL_DTYPES, GenerateSpec, InputSpec, parse_dtype, parse_generate, validate_inputs
 from graphmem.job.step import StepConfig
 
 __all__ = ["ANALYSIS_MODES", "DEFAULT_GPU", "DEVICES", "SDPA_CHOICES", "Job", "make_job"]
@@ -106,13 +106,17 @@ class Job:
     def with_preset(self) -> Job:
         """The job with its preset applied: the preset's model class, its config under
         ``hf_config``, its published dtype unless one is given, and its example batch
-        when no input is given."""
-        if self.preset is None:
-            return self
-        chosen = get_preset(self.preset)
-        inputs = self.inputs or (() if self.generate else tuple(chosen.example_input.split()))
-        return replace(self, model=self.model or chosen.target, hf_config={**chosen.config, **(self.hf_config or {})},
-                       dtype=self.dtype or chosen.dtype, inputs=inputs)
+        when no input is given; without a dtype, a Hugging Face config's own ``torch_dtype``
+        (what from_pretrained would load the weights in)."""
+        job = self
+        if self.preset is not None:
+            chosen = get_preset(self.preset)
+            inputs = self.inputs or (() if self.generate else tuple(chosen.example_input.split()))
+            job = replace(self, model=self.model or chosen.target,
+                          hf_config={**chosen.config, **(self.hf_config or {})}, dtype=self.dtype or chosen.dtype,
+                          inputs=inputs)
+        declared = _config_dtype(job.hf_config)
+        return replace(job, dtype=declared) if job.dtype is None and declared is not None else job
 
     def updated(self, **changes: Any) -> Job:
         """The same job with some fields changed, by Job field or ``make_job`` keyword
@@ -180,6 +184,14 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),
                hf_config=hf_config, preset=preset, generate=generate, assume=dict(assume or {}),
                gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, parallel=parallel, name=name)
+
+
+def _config_dtype(config: Mapping[str, Any] | None) -> torch.dtype | None:
+    """A config.json's ``torch_dtype`` (or ``dtype``), when it names a float dtype."""
+    value = (config or {}).get("torch_dtype") or (config or {}).get("dtype")
+    if not isinstance(value, str) or value.removeprefix("torch.") not in MODEL_DTYPES:
+        return None
+    return parse_dtype(value)
 
 
 def _input_texts(inputs: Sequence[InputSpec | str] | InputSpec | str) -> tuple[str, ...]:

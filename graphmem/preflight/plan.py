@@ -11,8 +11,9 @@ torch.nn.utils.prune (analysed) and layers made smaller (formula).  Inference re
 largest batch, bf16/fp16 weights, bf16/fp16 autocast, int8/int4 weight-only quantization
 (formula), pruning (analysed, and CSR storage by formula).
 
-Rows are ranked: those that fit first, then by extra compute per sample, then by effort
-(a setting < changing the weights < more hardware), then by peak.
+Rows are ranked: those that fit first, then by how much they change what is trained (the
+same math < other numerics < different training), then by effort (a setting < changing the
+weights < more hardware), then by extra compute per sample, then by peak.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from graphmem.preflight.rows import (
     batch_templates,
     checkpoint_rows,
     half_precision_rows,
+    implementation_rows,
     optimizer_rows,
     prune_rows,
     quantization_rows,
@@ -49,7 +51,7 @@ from graphmem.preflight.rows import (
 __all__ = ["Plan", "PlanRow", "make_plan", "rank_rows"]
 
 # what a combination adds, cheapest first; one remedy of each kind
-_COMBINABLE = ("amp", "optimizer", "grad_accum", "checkpoint")
+_COMBINABLE = ("optimizer_impl", "amp", "optimizer", "grad_accum", "checkpoint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +73,12 @@ class Plan:
 
 
 def rank_rows(rows: list[PlanRow]) -> list[PlanRow]:
-    """Fits first; then least extra compute, least effort, lowest peak."""
-    return sorted(rows, key=lambda r: (not r.fits, round(r.extra_compute or 0.0, 3), r.effort, r.peak_bytes))
+    """Fits first; then what changes least what is trained (the same math, then other numerics,
+    then different training: PlanRow.tier); then least effort (a setting < the weights < more
+    hardware), least extra compute; then, of rows that fit, the smallest change."""
+    # among rows that fit, the smallest change (the highest peak); among the others, the lowest peak
+    return sorted(rows, key=lambda r: (not r.fits, r.tier, r.effort, round(r.extra_compute or 0.0, 3),
+                                       r.peak_bytes if not r.fits else -r.peak_bytes))
 
 
 def make_plan(job: Job, budget: Budget, *, world_size: int = 8, prune_amount: float = 0.5,
@@ -164,8 +170,8 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
 
 def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
     if ctx.job.mode == "train":
-        return [*checkpoint_rows(ctx), *amp_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
-                *prune_rows(ctx), *sharding_rows(ctx)]
+        return [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx), *optimizer_rows(ctx),
+                *accumulation_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx)]
     return [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
             *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])]
 
@@ -203,5 +209,6 @@ def _best_of_each_kind(alone: list[Analysed]) -> list[Analysed]:
             continue
         if kinds[0] not in best or a.row.saving_bytes > best[kinds[0]].row.saving_bytes:
             best[kinds[0]] = a
-    return sorted(best.values(), key=lambda a: (round(a.row.extra_compute or 0.0, 3), -a.row.saving_bytes))
+    return sorted(best.values(), key=lambda a: (a.row.tier, round(a.row.extra_compute or 0.0, 3),
+                                                -a.row.saving_bytes))
 

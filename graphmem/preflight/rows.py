@@ -72,6 +72,9 @@ class PlanRow:
             None when unknown.
         source: "analysis", "formula" or "analysis + formula".
         effort: 0 a flag or a setting, 1 changes the weights, 2 needs more hardware.
+        tier: how much it changes what is trained (see ``math_tier``): 0 the same math,
+            1 other numerics (mixed precision), 2 different training (another optimizer, a
+            smaller global batch, pruned or quantized weights).
     """
 
     name: str
@@ -83,6 +86,24 @@ class PlanRow:
     source: str
     effort: int = 0
     note: str = ""
+
+    @property
+    def tier(self) -> int:
+        return math_tier(self.changes)
+
+
+# changes that train something else: another optimizer, other weights
+_DIFFERENT_TRAINING = frozenset({"optimizer", "prune_amount", "prune_remove", "quantize", "sparse", "shrink",
+                                 "dtype"})
+
+
+def math_tier(changes: Mapping[str, Any]) -> int:
+    """0: the same math (checkpointing, optimizer implementation, sharding, offload,
+    accumulation keeping the samples per step); 1: other numerics (autocast); 2: different
+    training (another optimizer, fewer samples per step, pruned, quantized or converted weights)."""
+    if _DIFFERENT_TRAINING & set(changes) or ("batch" in changes and "grad_accum" not in changes):
+        return 2
+    return 1 if "amp" in changes else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +165,8 @@ def _float_inputs_to(text: str, dtype_name: str) -> str:
 def job_with(ctx: PlanContext, changes: Mapping[str, Any]) -> Job:
     """The baseline job with ``changes`` (the analysed kinds) applied."""
     inputs = [substitute(t, BATCH, changes.get("batch", ctx.batch or 1)) for t in ctx.templates]
-    updates: dict[str, Any] = {key: changes[key] for key in ("optimizer", "amp", "grad_accum", "checkpoint")
+    updates: dict[str, Any] = {key: changes[key] for key in ("optimizer", "amp", "grad_accum", "checkpoint",
+                                                             "checkpoint_every", "checkpoint_save", "optimizer_impl")
                                if key in changes}
     if "dtype" in changes:
         inputs = [_float_inputs_to(t, changes["dtype"]) for t in inputs]
@@ -207,10 +229,28 @@ def scaled_row(ctx: PlanContext, on: Analysed | None, name: str, changes: Mappin
 
 
 def checkpoint_rows(ctx: PlanContext) -> list[Analysed | str]:
-    """Activation checkpointing of each repeated block class (training)."""
-    return [analysed_row(ctx, f"checkpoint every {cls}", {"checkpoint": [cls]},
+    """Activation checkpointing of each repeated block class, and for the first: of every
+    second block, and selectively (matmul outputs kept) (training)."""
+    if ctx.job.step.checkpoint:
+        return []
+    rows = [analysed_row(ctx, f"checkpoint every {cls}", {"checkpoint": [cls]},
                          note="non-reentrant torch.utils.checkpoint; backward re-runs the block's forward")
             for cls in ctx.facts.block_classes[:3]]
+    for cls in ctx.facts.block_classes[:1]:
+        rows += [analysed_row(ctx, f"checkpoint every 2nd {cls}", {"checkpoint": [cls], "checkpoint_every": 2},
+                              note="half the blocks re-run their forward"),
+                 analysed_row(ctx, f"checkpoint every {cls}, keeping matmul outputs",
+                              {"checkpoint": [cls], "checkpoint_save": ["matmuls"]},
+                              note="selective checkpointing: only the cheap ops are recomputed")]
+    return rows
+
+
+def implementation_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """The same optimizer with its fused or foreach implementation (training)."""
+    current = ctx.job.step.optimizer_impl
+    return [analysed_row(ctx, f"{impl} {ctx.job.step.optimizer} implementation", {"optimizer_impl": impl},
+                         note="same update, other kernels")
+            for impl in ("fused", "foreach") if impl != current and ctx.job.step.optimizer != "none"]
 
 
 def amp_rows(ctx: PlanContext) -> list[Analysed | str]:

@@ -64,9 +64,10 @@ def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
     table = tabulate(rows, tablefmt="simple",
                      headers=["#", "what to change", "peak", "saving", "extra compute", "fits", "source"])
     parts = [head, table, "\n".join(notes)]
-    parts.append("Ranked: rows that fit first, then by extra compute per sample, then by effort (a setting < "
-                 "changing the weights < more hardware). formula: computed from this analysis's bytes, "
-                 "not executed (docs/preflight.md).")
+    parts.append("Ranked: rows that fit first, then by how much they change what is trained (the same math < "
+                 "other numerics < a different optimizer, batch or weights), then by effort (a setting < "
+                 "changing the weights < more hardware), then by extra compute per sample. formula: computed "
+                 "from this analysis's bytes, not executed (docs/preflight.md).")
     if plan.skipped:
         parts.append("Not analysed:\n" + "\n".join(f"- {s}" for s in plan.skipped))
     if plan.explanation:

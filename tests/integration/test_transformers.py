@@ -69,3 +69,29 @@ def test_training_with_labels_matches_real_execution(name: str, build: Any, spec
     report = graphmem.analyze(build, specs, mode="train", optimizer="adamw")
     assert report.train is not None
     assert report.train.peak_bytes == measured.peak_bytes
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_causal_lm_without_labels_trains_on_its_input_ids(name: str) -> None:
+    """As trainers do: labels are a copy of the input ids, and the model's own loss runs."""
+    build, specs = next((c[1], c[2]) for c in CASES if c[0] == name)
+    ids_only = [s for s in specs if not s.startswith("labels")]
+    real = _real(ids_only)
+    real["labels"] = real["input_ids"].clone()
+    measured = measure_training(build, [], OPTIMIZERS["adamw"], "auto", kw_inputs=real)
+    report = graphmem.analyze(build, ids_only, mode="train", optimizer="adamw")
+    assert report.train is not None
+    assert report.train.peak_bytes == measured.peak_bytes
+    assert any("input ids are used as labels" in note for note in report.train.assumptions)
+
+
+def test_a_configs_torch_dtype_is_the_models_dtype() -> None:
+    config = dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
+    declared = graphmem.analyze("transformers:GPT2LMHeadModel", [IDS], mode="inference",
+                                hf_config={**config, "torch_dtype": "bfloat16"})
+    explicit = graphmem.analyze("transformers:GPT2LMHeadModel", [IDS], mode="inference", hf_config=config,
+                                dtype="bfloat16")
+    assert declared.inference is not None and explicit.inference is not None
+    assert declared.inference.timeline == explicit.inference.timeline
+    params = [s for s in declared.inference.trace.storages if "parameter" in {str(r) for r in s.roles}]
+    assert params and {s.dtype for s in params} == {"bfloat16"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -208,10 +209,15 @@ def _row(name: str, fits: bool, extra: float, effort: int, peak: int) -> PlanRow
                    source="analysis", effort=effort)
 
 
-def test_rank_rows_fitting_cheapest_first() -> None:
+def test_rank_rows_fitting_then_same_math_then_effort_then_compute() -> None:
     rows = [_row("no fit", False, 0.0, 0, 1), _row("recompute", True, 0.2, 0, 5),
-            _row("zero", True, 0.0, 2, 3), _row("flag", True, 0.0, 0, 9), _row("flag small", True, 0.0, 0, 4)]
-    assert [r.name for r in rank_rows(rows)] == ["flag small", "flag", "zero", "recompute", "no fit"]
+            _row("zero", True, 0.0, 2, 3), _row("flag", True, 0.0, 0, 9), _row("flag small", True, 0.0, 0, 4),
+            replace(_row("sgd", True, 0.0, 0, 2), changes={"optimizer": "sgd"}),
+            replace(_row("autocast", True, 0.0, 0, 2), changes={"amp": "bf16"})]
+    # fitting rows: the same math first (the smallest change first among equals), then autocast,
+    # then another optimizer; more hardware after the settings that fit
+    assert [r.name for r in rank_rows(rows)] == ["flag", "flag small", "recompute", "zero", "autocast", "sgd",
+                                                 "no fit"]
 
 
 # --- model structure -----------------------------------------------------------------------
