@@ -15,8 +15,9 @@ import torch
 
 from graphmem.errors import UserInputError
 
-__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "MODEL_DTYPES", "GenerateSpec", "InputSpec", "input_symbol",
-           "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec", "substitute", "validate_inputs"]
+__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "MODEL_DTYPES", "GenerateSpec", "InputSpec", "input_dims",
+           "input_symbol", "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec", "substitute",
+           "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
 DTYPE_ALIASES: dict[str, torch.dtype] = {
@@ -134,6 +135,11 @@ def _split_spec(text: str) -> tuple[str, list[str], str]:
         parse_input_spec(text)  # raises the spec parser's own message
         raise AssertionError(f"_split_spec: {text!r} matched neither parser")
     return match["name"] or "", match["dims"].strip().replace("X", "x").split("x"), match["dtype"] or ""
+
+
+def input_dims(text: str) -> list[str]:
+    """The dimensions of ``[NAME=]DIMS[:DTYPE]`` as written: ``"ids=1xSx64"`` -> ``["1", "S", "64"]``."""
+    return [d.strip() for d in _split_spec(text)[1]]
 
 
 def input_symbol(texts: Sequence[str]) -> str | None:

@@ -51,7 +51,13 @@ class PeakInfo:
     op: str
     module: str
     phase: str
-    iteration: int
+    iteration: int  # 0-based here; people (text and JSON) count from 1
+
+    @property
+    def op_name(self) -> str:
+        """The op for people: ``relu`` for ``aten.relu.default`` (namespace and overload dropped)."""
+        parts = self.op.split(".")
+        return parts[1] if len(parts) == 3 else self.op
 
 @dataclass(frozen=True, slots=True)
 class PhasePeak:

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field, replace
 from graphmem.api import analyze
 from graphmem.errors import UserInputError
 from graphmem.job.job import Job
-from graphmem.job.spec import input_symbol, substitute, validate_inputs
+from graphmem.job.load import build_model, resolve_target
+from graphmem.job.spec import input_dims, input_symbol, substitute, validate_inputs
 from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.preflight.budget import Budget
+from graphmem.preflight.model_facts import position_limit
 
 __all__ = [
     "PREFLIGHT_MODES",
@@ -56,10 +58,8 @@ class Prediction:
 
     @property
     def mode_report(self) -> ModeReport:
-        """The analysed mode's report (train or inference)."""
-        found = self.report.train or self.report.inference
-        assert found is not None, "Prediction.mode_report: the report holds no mode"
-        return found
+        """The analysed mode's report (train or inference; with --generate, the higher step)."""
+        return _compared_mode(self.report, "train" if self.report.train is not None else "inference")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,28 +93,43 @@ class SearchResult:
     symbol: str
     max_value: int
     peak_bytes_at_max: int | None
-    peak_bytes_at_next: int
+    peak_bytes_at_next: int | None  # None: max_value is the model's own limit (limited_by)
     budget: Budget
     bytes_per_unit: int | None  # None: a single analysis (even 1 did not fit)
     fixed_bytes: int | None
     affine: bool
     evaluated: tuple[tuple[int, int], ...]  # (value, peak bytes) of every analysis, by value
+    limited_by: str | None = None  # the model's limit that stopped the search before the budget did
 
 
 def peak_of(report: MemoryReport, mode: str) -> int:
     """The peak the budget is compared with: CPU tensor bytes, or the CUDA allocator's
     allocated peak (torch.cuda.max_memory_allocated)."""
+    found = _compared_mode(report, mode)
+    if found.allocator is not None:
+        return found.allocator.allocated_peak_bytes
+    if report.generate is not None:  # the decode step's peak, not the forward that fills its cache
+        return max(report.generate.prefill_peak_bytes, report.generate.decode_peak_bytes)
+    return found.peak_bytes
+
+
+def _compared_mode(report: MemoryReport, mode: str) -> ModeReport:
+    """The mode whose peak is compared: train or inference; with --generate, the higher of the
+    prompt's prefill and the last decode step (on the CUDA target the decode's allocator peak
+    also covers the forward that fills its cache: an upper bound)."""
+    if report.generate is not None:
+        g = report.generate
+        return max((g.prefill, g.decode), key=lambda m: m.allocator.allocated_peak_bytes if m.allocator
+                   else m.peak_bytes)
     found = report.train if mode == "train" else report.inference
     if found is None:
         raise AssertionError(f"peak_of: the report has no {mode} result")
-    if found.allocator is not None:
-        return found.allocator.allocated_peak_bytes
-    return found.peak_bytes
+    return found
 
 
 def predict(job: Job, value: int | None = None) -> Prediction:
     """Analyse ``job`` (its symbolic dimension set to ``value``) and return its peak."""
-    if job.mode not in PREFLIGHT_MODES:
+    if job.generate is None and job.mode not in PREFLIGHT_MODES:
         raise UserInputError(f"unknown mode {job.mode!r}; expected one of: {', '.join(PREFLIGHT_MODES)}")
     symbol = input_symbol(job.inputs)
     if symbol is not None and value is None:
@@ -129,7 +144,8 @@ def check(job: Job, budget: Budget) -> CheckResult:
     Returns:
         The verdict, the predicted peak and the peak with the margin, in bytes.
     """
-    validate_inputs(job.inputs, symbolic=False)
+    if job.generate is None:
+        validate_inputs(job.inputs, symbolic=False)
     prediction = predict(job)
     allocator = prediction.mode_report.allocator
     return CheckResult(fits=budget.fits(prediction.peak_bytes), peak_bytes=prediction.peak_bytes,
@@ -137,6 +153,24 @@ def check(job: Job, budget: Budget) -> CheckResult:
                        metric="allocated_peak_bytes" if allocator else "peak_bytes",
                        reserved_peak_bytes=allocator.reserved_peak_bytes if allocator else None,
                        report=prediction.report)
+
+
+def sequence_limit(job: Job, symbol: str) -> tuple[int, str] | None:
+    """The longest sequence the model takes, when ``symbol`` is a sequence dimension (not an
+    input's first): a transformers config's ``max_position_embeddings`` (``n_positions``,
+    ``max_seq_len``), or the size of a position-embedding table (an nn.Embedding named
+    ``*pos*``), with the reason; None when the model declares none."""
+    if not any(dims.index(symbol) > 0 for dims in map(input_dims, job.inputs) if symbol in dims):
+        return None
+    resolved = job.with_preset()
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = (resolved.hf_config or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value, f"the model's {key} is {value}"
+    if resolved.model is None:
+        return None
+    source = resolve_target(resolved.model) if isinstance(resolved.model, str) else resolved.model
+    return position_limit(build_model(source, resolved.model_kwargs, resolved.hf_config, device=resolved.device))
 
 
 def find_largest_fit(peak_at: Callable[[int], int], cap_bytes: int, *, limit: int = 2**31 - 1
@@ -249,6 +283,14 @@ def search_largest(job: Job, budget: Budget, *, limit: int = 2**31 - 1) -> Searc
     """
     symbol = validate_inputs(job.inputs, symbolic=True)
     assert symbol is not None, "search_largest: validate_inputs returned no symbol"
+    cap = sequence_limit(job, symbol)
+    if cap is not None and cap[0] < limit:
+        limit = cap[0]
+        at_cap = predict(job, limit).peak_bytes
+        if budget.fits(at_cap):  # the model's own limit comes before the budget's
+            return SearchResult(symbol=symbol, max_value=limit, peak_bytes_at_max=at_cap, peak_bytes_at_next=None,
+                                budget=budget, bytes_per_unit=None, fixed_bytes=None, affine=False,
+                                evaluated=((limit, at_cap),), limited_by=cap[1])
     best, seen = find_largest_fit(lambda v: predict(job, v).peak_bytes, budget.cap_bytes, limit=limit)
     near = {v: b for v, b in seen.items() if best // 2 <= v <= 2 * best + 2} if best > 1 else seen
     slope, intercept, _ = fit_line(near if len(near) > 1 else seen)

@@ -1,11 +1,12 @@
 """The plan's explanation: why training takes N times inference for this model, which
-category dominates, and the seeds' rules of thumb checked against the analysed numbers.
+category dominates, and common rules of thumb checked against the analysed numbers.
 
 Input: the analysed training and inference ModeReports and their peaks.  Output: a short
 plain-language paragraph (str).  Pure.
 
-The rules of thumb checked (docs/preflight.md quotes them): the Russian seed's "training
-takes 5-9x inference" (5-9N, with N the parameters' memory) and "Adam adds 2N".
+The rules of thumb checked (docs/preflight.md quotes them): "training takes 5-9x inference"
+(5-9N, with N the parameters' memory) and "Adam adds 2N", from the two articles that started
+this project (docs/seed-claims.md).  The text names them as common rules of thumb.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from graphmem.units import format_bytes
 
 __all__ = ["SEED_RATIO", "explain"]
 
-SEED_RATIO = (5.0, 9.0)  # the Russian seed: "Итого: 5-9N памяти" for training, N for inference
+SEED_RATIO = (5.0, 9.0)  # the rule of thumb "Итого: 5-9N памяти" for training, N for inference
 
 
 def explain(train: ModeReport | None, inference: ModeReport | None, train_peak: int, inference_peak: int,
             bytes_per_sample: int | None = None, units: str = "auto") -> str:
-    """One paragraph about the ratio, the dominant category and the seeds' claims.
+    """One paragraph about the ratio, the dominant category and the rules of thumb.
 
     Args:
         train / inference: the analysed baseline (either may be None: then less is said).
@@ -61,7 +62,7 @@ def _optimizer_words(train: ModeReport, fmt: Callable[[int], str]) -> str:
         return f"no optimizer state ({name})"
     words = f"{name}'s state ({fmt(state)}, {state / params:.2f}x the parameters"
     if name in ("adam", "adamw") and params:
-        words += '; the seed\'s "Adam adds 2N"'
+        words += '; a common rule of thumb says "Adam adds 2N"'
     return words + ")"
 
 
@@ -71,14 +72,15 @@ def _dominant(mode: ModeReport | None, fmt: Callable[[int], str]) -> str:
     ranked = sorted(((b, c) for c, b in mode.breakdown.items() if b), key=lambda item: -item[0])
     top = ", then ".join(f"{Category(c).value.replace('_', ' ')} ({fmt(b)}, {_share(b, mode.peak_bytes)})"
                          for b, c in ranked[:3])
-    return (f"At the {mode.mode} peak ({mode.peak.phase} phase, {mode.peak.op}) the largest category "
+    return (f"At the {mode.mode} peak ({mode.peak.phase} phase, op {mode.peak.op_name}) the largest category "
             f"is {top}.")
 
 
 def _seed_words(ratio: float, per_param: float | None) -> str:
     low, high = SEED_RATIO
     where = "inside" if low <= ratio <= high else ("below" if ratio < low else "above")
-    text = f'The seed\'s "training takes 5-9x inference" is {where} the range for this model and batch'
+    text = (f'A common rule of thumb says "training takes 5-9x inference"; this model and batch are {where} '
+            "that range")
     if where == "below":
         text += " (its count assumes activations of 2-5x the parameters and Adam's state)"
     elif where == "above":

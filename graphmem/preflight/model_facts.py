@@ -26,9 +26,9 @@ from torch.nn.utils import prune
 
 from graphmem.job.load import ModelSource, build_model
 
-__all__ = ["PRUNABLE", "ModelFacts", "block_classes", "model_facts", "pruned_factory"]
+__all__ = ["PRUNABLE", "ModelFacts", "block_classes", "model_facts", "position_limit", "pruned_factory"]
 
-# Layers pruned by the plan (what the Chinese seed prunes: Conv2d, and Linear)
+# Layers pruned by the plan (the usual targets of pruning: Linear and convolutions)
 PRUNABLE: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
@@ -126,3 +126,17 @@ def pruned_factory(source: ModelSource, kwargs: Mapping[str, Any] | None, amount
 
     build.__qualname__ = f"pruned({getattr(source, '__qualname__', type(source).__name__)})"
     return build
+
+
+def position_limit(model: nn.Module) -> tuple[int, str] | None:
+    """The longest sequence ``model`` takes: its config's max_position_embeddings (or
+    n_positions), or the size of its position-embedding table; with the reason."""
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value, f"the model's {key} is {value}"
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and "pos" in name.rpartition(".")[2].lower():
+            return module.num_embeddings, f"its position table {name} has {module.num_embeddings} rows"
+    return None

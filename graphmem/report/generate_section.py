@@ -9,6 +9,7 @@ from tabulate import tabulate
 
 from graphmem.memory.results import GenerateReport, MemoryReport
 from graphmem.report.cuda_section import cuda_json
+from graphmem.report.header import render_header
 
 __all__ = ["generate_table", "generate_json"]
 
@@ -27,8 +28,10 @@ def generate_table(report: MemoryReport, gen: GenerateReport, fmt: Callable[[int
             label = "prefill" if name == "prefill" else "cache fill + decode step"
             rows.append([f"{label}: allocated / reserved peak (CUDA)",
                          f"{fmt(part.allocator.allocated_peak_bytes)} / {fmt(part.allocator.reserved_peak_bytes)}"])
-    head = (f"graphmem: {report.target}  generate {gen.prompt_tokens}+{gen.new_tokens} tokens, "
-            f"batch {gen.batch}  device: {report.device}")
+    head = render_header("graphmem analyze", report.target, (), report.device,
+                         gpu=report.gpu.name if report.gpu else None,
+                         mode=f"generation of {gen.new_tokens} tokens after a {gen.prompt_tokens}-token prompt, "
+                              f"batch {gen.batch}", report=report, parallel=report.parallel, fmt=fmt)
     notes = sorted(set(gen.prefill.assumptions) | set(gen.decode.assumptions))
     return "\n\n".join([head, tabulate(rows, tablefmt="simple"), *(f"Assumed: {n}" for n in notes)]) + "\n"
 

@@ -17,14 +17,14 @@ from graphmem.report.parallel_section import parallel_json
 
 __all__ = ["report_to_dict", "render_json", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: peak.iteration counts from 1, as the text reports do (docs/json-schema.md)
 
 
 def _mode_to_dict(m: ModeReport) -> dict[str, Any]:
     data: dict[str, Any] = {
         "peak_bytes": m.peak_bytes,
         "peak": {"op": m.peak.op, "module": m.peak.module, "phase": m.peak.phase,
-                 "iteration": m.peak.iteration, "step": m.peak.step},
+                 "iteration": m.peak.iteration + 1, "step": m.peak.step},
         "breakdown": {str(k): v for k, v in m.breakdown.items()},
         "params_bytes": m.params_bytes,
         "buffers_bytes": m.buffers_bytes,

@@ -48,7 +48,7 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
     m = r.report
     data: dict[str, Any] = {"rank": r.rank, "ranks": list(r.ranks), "peak_bytes": m.peak_bytes,
                             "peak": {"op": m.peak.op, "module": m.peak.module, "phase": m.peak.phase,
-                                     "iteration": m.peak.iteration, "step": m.peak.step},
+                                     "iteration": m.peak.iteration + 1, "step": m.peak.step},
                             "breakdown": {str(k): v for k, v in m.breakdown.items()}}
     if m.allocator is not None:
         data.update(allocated_peak_bytes=m.allocator.allocated_peak_bytes,

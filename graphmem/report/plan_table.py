@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from graphmem.report.preflight_text import Context
+from graphmem.report.preflight_text import Context, header
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
@@ -46,9 +46,9 @@ def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
 def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
     """Header, the ranked what-if table, footnotes, skipped remedies, the explanation."""
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
-    head = (f"graphmem plan: {context.target}  inputs: {', '.join(plan.inputs)}  {plan.mode} on {plan.device}"
-            + (f" ({context.gpu})" if context.gpu else "")
-            + f"\nbudget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
+    shown = Context(target=context.target, inputs=plan.inputs, device=plan.device, mode=plan.mode, gpu=context.gpu)
+    head = (header("plan", shown, fmt=fmt)
+            + f"\n\nbudget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
               f"{float(plan.budget.margin):.0%}: peaks up to {fmt(plan.budget.cap_bytes)} fit\n"
             + f"as given: {fmt(plan.baseline.peak_bytes)}, "
             + ("fits" if plan.baseline.fits else f"does not fit (short by "

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphmem.report.header import render_header
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
+    from graphmem.memory.results import MemoryReport
     from graphmem.preflight.budget import Budget
     from graphmem.preflight.check import CheckResult, SearchResult
 
@@ -23,6 +25,7 @@ __all__ = [
     "SEARCH_RENDERERS",
     "Context",
     "check_to_dict",
+    "header",
     "render_check_table",
     "render_search_table",
     "search_to_dict",
@@ -48,10 +51,13 @@ def _budget_dict(budget: Budget) -> dict[str, Any]:
             "cap_bytes": budget.cap_bytes}
 
 
-def _header(command: str, context: Context) -> str:
-    gpu = f" ({context.gpu})" if context.gpu else ""
-    return (f"graphmem {command}: {context.target}  inputs: {', '.join(context.inputs)}  "
-            f"{context.mode} on {context.device}{gpu}")
+def header(command: str, context: Context, report: MemoryReport | None = None,
+           fmt: Callable[[int], str] = format_bytes) -> str:
+    """The pre-flight commands' header: the model, its parameters (with ``report``), the inputs,
+    what is analysed, the optimizer and the device."""
+    return render_header(f"graphmem {command}", context.target, context.inputs, context.device,
+                         gpu=context.gpu, mode=context.mode, report=report,
+                         parallel=report.parallel if report else None, fmt=fmt)
 
 
 def check_to_dict(result: CheckResult, context: Context) -> dict[str, Any]:
@@ -77,7 +83,7 @@ def render_check_table(result: CheckResult, context: Context, units: str = "auto
     verdict = (f"FITS: {fmt(result.headroom_bytes)} headroom ({share:.1%} of the budget)" if result.fits else
                f"DOES NOT FIT: short by {fmt(-result.headroom_bytes)} ({share:.1%} of the budget); "
                "graphmem plan lists what to change")
-    return "\n\n".join([_header("check", context), tabulate(rows, tablefmt="plain"), verdict]) + "\n"
+    return "\n\n".join([header("check", context, result.report, fmt), tabulate(rows, tablefmt="plain"), verdict]) + "\n"
 
 
 def render_check_json(result: CheckResult, context: Context, units: str = "auto") -> str:
@@ -93,7 +99,8 @@ def search_to_dict(result: SearchResult, context: Context, key: str = "max_batch
     return {key: result.max_value, "peak_bytes_at_max": result.peak_bytes_at_max,
             "peak_bytes_at_next": result.peak_bytes_at_next,
             f"bytes_per_{_unit_word(key)}": result.bytes_per_unit, "fixed_bytes": result.fixed_bytes,
-            "affine": result.affine, "symbol": result.symbol, "target": context.target,
+            "affine": result.affine, "symbol": result.symbol, "limited_by": result.limited_by,
+            "target": context.target,
             "inputs": list(context.inputs), "device": context.device, "gpu": context.gpu,
             "mode": context.mode,
             **_budget_dict(result.budget), "analyses": len(result.evaluated),
@@ -106,8 +113,10 @@ def render_search_table(result: SearchResult, context: Context, units: str = "au
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
     s, n = result.symbol, result.max_value
     at_max = fmt(result.peak_bytes_at_max) if result.peak_bytes_at_max is not None else "-"
+    beyond = (["does not fit", fmt(result.peak_bytes_at_next)] if result.peak_bytes_at_next is not None
+              else ["the model refuses it", result.limited_by or ""])
     rows = [[f"{s} = {n}", at_max, "fits" if n else "(nothing fits)"],
-            [f"{s} = {n + 1}", fmt(result.peak_bytes_at_next), "does not fit"],
+            [f"{s} = {n + 1}", beyond[1], beyond[0]],
             ["budget", fmt(result.budget.total_bytes),
              (f"{result.budget.source}; margin {float(result.budget.margin):.0%}, so peaks up to "
               f"{fmt(result.budget.cap_bytes)} fit")]]
@@ -118,7 +127,9 @@ def render_search_table(result: SearchResult, context: Context, units: str = "au
     done = ", ".join(f"{v}" for v, _ in result.evaluated)
     command = key.replace("_", "-")
     answer = f"{command}: {n}" if n else f"{command}: 0 (even {s} = 1 does not fit)"
-    return "\n\n".join([_header(command, context), answer, tabulate(rows, tablefmt="plain"),
+    if result.limited_by:
+        answer += f" (the model's limit, not the budget's: {result.limited_by})"
+    return "\n\n".join([header(command, context, fmt=fmt), answer, tabulate(rows, tablefmt="plain"),
                         f"{len(result.evaluated)} analyses, at {s} = {done}"]) + "\n"
 
 

@@ -10,8 +10,10 @@ from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_table
 from graphmem.report.generate_section import generate_table
+from graphmem.report.header import render_header
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.parallel_section import parallel_table
+from graphmem.report.scratch_note import scratch_note
 from graphmem.trace.records import Phase
 from graphmem.units import format_bytes
 
@@ -35,8 +37,9 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     modes = [m for m in (report.inference, report.train) if m is not None]
     root = report.target.rpartition(":")[2] or report.target
     head = [""] + [_title(m) for m in modes]
-    parallel = f"  parallel: {report.parallel}" if report.parallel else ""
-    parts = [f"graphmem: {report.target}  inputs: {', '.join(report.inputs)}  device: {report.device}{parallel}"]
+    parts = [render_header("graphmem analyze", report.target, report.inputs, report.device,
+                           gpu=report.gpu.name if report.gpu else None, report=report, parallel=report.parallel,
+                           fmt=fmt)]
     summary = [["peak"] + [fmt(m.peak_bytes) for m in modes]]
     if report.ratio is not None:
         summary.append(["train / inference", "", f"{report.ratio:.2f}x"])
@@ -45,7 +48,7 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
             if c != Category.COMMUNICATION or any(m.breakdown[c] for m in modes)]
     rows.append(["total"] + [fmt(sum(m.breakdown.values())) for m in modes])
     parts.append("Live at the peak, by category\n" + tabulate(rows, headers=head, tablefmt="simple"))
-    where = [["op"] + [m.peak.op for m in modes],
+    where = [["op"] + [m.peak.op_name for m in modes],
              ["module"] + [module_label(m.peak.module, m.peak.phase, root) for m in modes],
              ["phase"] + [f"{m.peak.phase} (iteration {m.peak.iteration + 1})" for m in modes],
              ["op index"] + [f"{m.peak.step} of {m.num_ops}" for m in modes]]
@@ -61,9 +64,9 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     for note in sorted({a for m in modes for a in m.assumptions}):
         parts.append(f"Assumed: {note}")
     parts.extend(render_module_sections(report, units, depth, top))
-    unmodeled = sorted({op for m in modes for op in m.unmodeled_ops})
-    parts.append(f"{len(unmodeled)} op types ran without a scratch-memory rule for {report.device}; "
-                 "they are assumed to allocate nothing beyond their outputs (--format json lists them).")
+    scratch = scratch_note({op for m in modes for op in m.unmodeled_ops}, report.device)
+    if scratch:
+        parts.append(scratch)
     return "\n\n".join(parts) + "\n"
 
 
