@@ -125,7 +125,8 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
         train = replace(train, assumptions=(*train.assumptions, note))
     return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
-                        parallel=job.parallel.text if job.parallel else None)
+                        parallel=job.parallel.text if job.parallel else None,
+                        loss=step.loss if train is not None else None)
 
 
 def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> list[InputSpec] | None:

@@ -151,7 +151,8 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
     job = job_from(options)
     gpu = get_gpu(options["gpu"]) if options["gpu"] else None
     shown = job.with_preset()
-    context = Context(target=job.target_name, inputs=shown.inputs, device=job.device, mode=job.mode,
+    mode = f"generation {job.generate.prompt}+{job.generate.new} x {job.generate.batch}" if job.generate else job.mode
+    context = Context(target=job.target_name, inputs=shown.inputs, device=job.device, mode=mode,
                       gpu=gpu.name if gpu else None)
     return job, resolve_budget(budget, gpu, margin), context
 

@@ -131,6 +131,7 @@ class MemoryReport:
     gpu: GPU | None = None  # CUDA target: the GPU preset
     generate: GenerateReport | None = None  # --generate: inference with a KV cache
     parallel: str | None = None  # --parallel: the strategies and degrees, e.g. "fsdp=8"
+    loss: str | None = None  # training: the --loss the step used
 
     @property
     def ratio(self) -> float | None:

@@ -59,6 +59,10 @@ def _inputs_text(inputs: Sequence[str]) -> str:
     return ", ".join(text.replace("=", " ").replace(":", " ") for text in inputs)
 
 
+_LOSS_WORDS = {"auto": "the model's own (output.loss), else the sum of its output", "sum": "sum of the output",
+               "mean": "mean of the output", "cross_entropy": "cross entropy", "nll": "negative log likelihood"}
+
+
 def render_header(title: str, target: str, inputs: Sequence[str], device: str, *, gpu: str | None = None,
                   mode: str | None = None, report: MemoryReport | None = None, parallel: str | None = None,
                   fmt: Callable[[int], str] = str) -> str:
@@ -81,6 +85,8 @@ def render_header(title: str, target: str, inputs: Sequence[str], device: str, *
     if mode is not None:
         rows.append(["analysed", {"both": "inference and training", "train": "training"}.get(mode, mode)])
     train = report.train if report else None
+    if train is not None and report is not None and report.loss:
+        rows.append(["loss", _LOSS_WORDS.get(report.loss, report.loss)])
     if train is not None and train.optimizer:
         impl = optimizer_implementation(train)
         rows.append(["optimizer", train.optimizer + (f" ({impl})" if impl else "")])
