@@ -227,12 +227,11 @@ def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.dev
     ndims = [p.dim() for p in model.parameters() if p.requires_grad]
     if parallel is not None and parallel.degree("zero1") > 1:  # the rank steps its own partition only
         ndims = [ndims[i] for i in zero_partition(model, parallel.world_size)[rank]]
-    recorder.scalar_reads = optimizer_scalar_reads(ndims, step, device.type)
+    recorder.scalar_reads = optimizer_scalar_reads(ndims, step, device.type) if ndims else []
     if recorder.scalar_reads:
         recorder.assumptions.append(
-            f"optimizer step: the {len(recorder.scalar_reads)} values it reads with .item() (step "
-            "counts and the like) come from a real run of the same optimizer on one-element "
-            "parameters with finite gradients")
+            "optimizer step: the values its code reads (step counts and the like) come from a real run "
+            "of the same optimizer on tiny parameters with finite gradients")
 
 
 def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
