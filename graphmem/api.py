@@ -106,7 +106,10 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
         ranks = [RankReport(rank, alike, one(m, config, inputs, rank))
                  for rank, alike in distinct_ranks(module, job.parallel)]
         ranks.sort(key=lambda r: (-_compared_peak(r.report), r.rank))
-        return replace(ranks[0].report, ranks=tuple(ranks))
+        top = replace(ranks[0].report, ranks=tuple(ranks))
+        if job.parallel.pipelined:
+            top = replace(top, assumptions=(*top.assumptions, _PIPELINE_NOTE))
+        return top
 
     gpu = cuda[0] if cuda else None
     if job.generate is not None:
@@ -127,6 +130,10 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
                         inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
                         parallel=job.parallel.text if job.parallel else None,
                         loss=step.loss if train is not None else None)
+
+
+_PIPELINE_NOTE = ("pipeline parallel: recorded from PyTorch's own pipeline schedule on the fake model, but not "
+                  "yet checked against a real multi-process run (docs/parallel.md)")
 
 
 def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> list[InputSpec] | None:

@@ -33,6 +33,22 @@ Strategies, applied exactly like this (the predictor applies them identically):
     "zero1": DDP as above, then opt = torch.distributed.optim.ZeroRedundancyOptimizer(
              model.parameters(), optimizer_class=cls, **kwargs) with (cls, kwargs) =
              ZERO_OPTIMIZERS[optimizer], the class and arguments of tests.oracles.OPTIMIZERS.
+    "pp":    pipeline parallel, rank r = stage r of world_size.  model = pp_stage(model, r, world_size),
+             a hand-written stage builder (``gpt_stage``: the blocks cut into world_size contiguous runs,
+             the first stages one block more when uneven; embeddings with stage 0, final norm and head
+             with the last; the other modules dropped with the full model).  stage = PipelineStage(
+             model, r, world_size, cpu, input_args=..., output_args=...) with the shapes of one
+             microbatch as meta tensors (the first stage's output requires grad); schedule =
+             ScheduleGPipe / Schedule1F1B(stage, microbatches, loss_fn=loss of (output, target)).
+             opt = OPTIMIZERS[optimizer](the stage's parameters).  The step, per iteration:
+             stage 0: schedule.step(*inputs); the last: schedule.step(target=targets, losses=losses);
+             others: schedule.step(); then opt.step(); opt.zero_grad(set_to_none=True); ``losses`` is
+             held until then.  targets: int64 zeros shaped like the whole batch's logits[..., 0], made
+             by the last rank at the start of its first step (for every loss kind: the batch's labels).
+             Phases: "forward" at the start of each step and in every forward_one_chunk,
+             "backward" in every backward_one_chunk (gradient scaling at the end included), "loss" in
+             the last stage's _maybe_compute_loss, "optimizer".  The schedule's first step runs its
+             P2P warm-up vote for real (4-byte tensors) and allocates its receive buffers: counted.
 
 The step, per iteration, in a function whose locals die at its return (as tests/oracles.py):
     out = model(*inputs); loss = loss_fn(out); loss.backward(); opt.step();
@@ -87,6 +103,7 @@ import datetime
 import gc
 import importlib
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -109,6 +126,8 @@ TIMEOUT_S = 120.0
 LAST_DETAILS: list[dict[str, Any]] = []
 HOST = "127.0.0.1"
 PHASES = ("forward", "loss", "backward", "optimizer")
+# point-to-point ops (pipeline parallel): not drained; their peer is not running the same op at once
+_POINT_TO_POINT = re.compile(r"c10d\.(send|recv)")
 
 # ZeroRedundancyOptimizer's optimizer_class and kwargs: those of tests.oracles.OPTIMIZERS
 ZERO_OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
@@ -146,6 +165,43 @@ def small_llama() -> torch.nn.Module:
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=128, bos_token_id=0, eos_token_id=0)
     return LlamaForCausalLM(config)
+
+
+def gpt_stage(model: torch.nn.Module, stage: int, stages: int) -> torch.nn.Module:
+    """Stage ``stage`` of tests.models.GPT, written by hand as a pipeline trainer writes it."""
+    n = len(model.blocks)
+    sizes = [n // stages + (1 if k < n % stages else 0) for k in range(stages)]
+    start = sum(sizes[:stage])
+    return _GPTStage(model, list(range(start, start + sizes[stage])), stage == 0, stage == stages - 1)
+
+
+class _GPTStage(torch.nn.Module):
+    def __init__(self, gpt: torch.nn.Module, blocks: list[int], first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok, self.pos = gpt.tok, gpt.pos
+        self.blocks = torch.nn.ModuleList(gpt.blocks[i] for i in blocks)
+        if last:
+            self.ln_f, self.head = gpt.ln_f, gpt.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.tok(x) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x
+
+
+def gpt_stage_shapes(batch: int, seq: int, stage: int, stages: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(input, output) of one microbatch of small_gpt's stage: (shape, dtype, requires_grad)."""
+    hidden = ((batch, seq, 64), torch.float32)
+    first_in = ((batch, seq), torch.int64)
+    return ((first_in if stage == 0 else hidden) + (False,),
+            (((batch, seq, 100), torch.float32) if stage == stages - 1 else hidden) + (stage != stages - 1,))
 
 
 def uneven_mlp() -> torch.nn.Module:
@@ -220,7 +276,7 @@ class DistLiveStorages(LiveStorages):
         leaves = tree_flatten(out)[0]
         for t in leaves:
             self.add(t)
-        if getattr(func, "namespace", None) == "c10d":
+        if getattr(func, "namespace", None) == "c10d" and not _POINT_TO_POINT.search(str(func)):
             self._drain(tree_flatten((args, kwargs))[0])
         self.ops += 1
         now = self.live_bytes()
@@ -405,9 +461,12 @@ def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
     with counter:
         counter.phase = "setup"
-        model, opt = _apply_strategy(model, cfg, mesh)
+        if cfg["strategy"] == "pp":
+            model, opt, one_step = _pipeline(model, cfg, rank, inputs, counter)
+        else:
+            model, opt = _apply_strategy(model, cfg, mesh)
 
-        def one_step() -> None:
+        def plain_step() -> None:
             counter.phase = "forward"
             out = model(*inputs)
             counter.phase = "loss"
@@ -419,6 +478,9 @@ def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             del out, value
 
+        if cfg["strategy"] != "pp":
+            one_step = plain_step
+        del plain_step
         # The first fully_shard call leaves its frames in a reference cycle that holds the unit's
         # original parameters: collect them now, then keep the cyclic collector from freeing
         # anything at a moment of its choosing during the iterations.
@@ -446,6 +508,64 @@ def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rank": rank, "peak_bytes": counter.peak, "phase_peaks": dict(counter.phase_peaks),
             "start_bytes": start_bytes, "collectives": counter.collectives, "cyclic_bytes": cyclic_bytes,
             "ddp_bucket_bytes": bucket_bytes}
+
+
+def _pipeline(model: torch.nn.Module, cfg: dict[str, Any], rank: int, inputs: list[torch.Tensor],
+              counter: DistLiveStorages) -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], None]]:
+    """Pipeline parallel: this rank's stage, PipelineStage, the schedule, the step (module docstring)."""
+    from torch.distributed import pipelining
+
+    world, micro = cfg["world_size"], cfg["microbatches"]
+    first, last = rank == 0, rank == world - 1
+    stage_module = _resolve(cfg["pp_stage"])(model, rank, world)
+    del model  # the other stages' modules die with it
+    batch, seq = inputs[0].shape[:2]
+    (in_shape, in_dtype, _), (out_shape, out_dtype, out_grad) = _resolve(cfg["pp_shapes"])(
+        batch // micro, seq, rank, world)
+    stage = pipelining.PipelineStage(
+        stage_module, rank, world, torch.device("cpu"),
+        input_args=(torch.empty(in_shape, dtype=in_dtype, device="meta"),),
+        output_args=(torch.empty(out_shape, dtype=out_dtype, device="meta", requires_grad=out_grad),))
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return _loss(output, cfg["loss"], [target])
+
+    cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[cfg["schedule"]]
+    schedule = cls(stage, micro, loss_fn=loss_fn)
+
+    def phase(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            counter.phase = name
+            return method(*args, **kwargs)
+        return run
+
+    stage.forward_one_chunk = phase("forward", stage.forward_one_chunk)
+    stage.backward_one_chunk = phase("backward", stage.backward_one_chunk)
+    stage.backward_weight_one_chunk = phase("backward", stage.backward_weight_one_chunk)
+    if last:
+        schedule._maybe_compute_loss = phase("loss", schedule._maybe_compute_loss)
+    opt = OPTIMIZERS[cfg["optimizer"]]([p for p in stage_module.parameters() if p.requires_grad])
+    targets: list[torch.Tensor] = []
+
+    def one_step() -> None:
+        counter.phase = "forward"
+        if last and not targets:
+            targets.append(torch.zeros((batch, seq), dtype=torch.int64))
+        losses: list[torch.Tensor] = []
+        if first and last:
+            schedule.step(*inputs, target=targets[0], losses=losses)
+        elif first:
+            schedule.step(*inputs)
+        elif last:
+            schedule.step(target=targets[0], losses=losses)
+        else:
+            schedule.step()
+        counter.phase = "optimizer"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del losses
+
+    return stage_module, opt, one_step
 
 
 def _rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
@@ -497,7 +617,9 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
                         bucket_cap_mb: float = 25, gradient_as_bucket_view: bool = False,
                         param_dtype: str | None = None, reduce_dtype: str | None = None,
                         tp_plan: dict[str, str] | None = None, tp_degree: int = 1,
-                        int_high: int = 100) -> list[RankMeasured]:
+                        int_high: int = 100, microbatches: int = 0, schedule: str = "1f1b",
+                        pp_stage: str = "tests.dist_oracles:gpt_stage",
+                        pp_shapes: str = "tests.dist_oracles:gpt_stage_shapes") -> list[RankMeasured]:
     """Run the step for real in ``world_size`` spawned gloo ranks; one RankMeasured per rank, by rank.
 
     Raises RuntimeError when a rank fails or the run takes longer than TIMEOUT_S (the ranks are
@@ -507,15 +629,17 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
 
     import torch.multiprocessing as mp
 
-    if strategy not in ("ddp", "fsdp", "zero1", "tp", "fsdp_tp"):
-        raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1, tp, fsdp_tp)")
+    if strategy not in ("ddp", "fsdp", "zero1", "tp", "fsdp_tp", "pp"):
+        raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1, tp, fsdp_tp, pp)")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r} ({', '.join(OPTIMIZERS)})")
     cfg = {"build": build, "inputs": list(inputs), "strategy": strategy, "world_size": world_size,
            "optimizer": optimizer, "loss": loss, "iterations": iterations, "units": list(units),
            "reshard_after_forward": reshard_after_forward, "bucket_cap_mb": bucket_cap_mb,
            "gradient_as_bucket_view": gradient_as_bucket_view, "param_dtype": param_dtype,
-           "reduce_dtype": reduce_dtype, "tp_plan": tp_plan or {}, "tp_degree": tp_degree, "int_high": int_high}
+           "reduce_dtype": reduce_dtype, "tp_plan": tp_plan or {}, "tp_degree": tp_degree, "int_high": int_high,
+           "microbatches": microbatches or world_size, "schedule": schedule, "pp_stage": pp_stage,
+           "pp_shapes": pp_shapes}
     with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
         with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
             context = mp.start_processes(_rank_main, args=(cfg, outdir), nprocs=world_size,

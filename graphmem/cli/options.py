@@ -174,6 +174,10 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      help="With tp: a dict of module name (* matches one name) -> colwise | rowwise | "
                           "colwise_rep | rowwise_rep | sequence_parallel (default: a transformers model's own "
                           "base_model_tp_plan)."),
+        click.Option(["--microbatches"], type=click.IntRange(min=1), default=None, metavar="M",
+                     help="With --parallel pp=N: microbatches per step (default N; the batch must divide evenly)."),
+        click.Option(["--schedule"], type=click.Choice(["gpipe", "1f1b"]), default="1f1b", show_default=True,
+                     help="With --parallel pp=N: the pipeline schedule (ScheduleGPipe or Schedule1F1B)."),
         click.Option(["--fsdp-units"], default="", metavar="CLASS[,CLASS]",
                      help="With fsdp: the classes of the modules sharded as units (default: the model's "
                           "repeated blocks)."),
@@ -240,4 +244,5 @@ def job_from(options: Mapping[str, Any]) -> Job:
         reshard_after_forward={"default": None, "true": True, "false": False}[options["reshard_after_forward"]],
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
         fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
+        microbatches=options["microbatches"], schedule=options["schedule"],
         name=name)

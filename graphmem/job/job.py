@@ -147,8 +147,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
              ddp_bucket_view: bool = False, reshard_after_forward: bool | None = None,
              mp_param_dtype: str | None = None, mp_reduce_dtype: str | None = None,
              fsdp_units: Sequence[str] | str = (), tp_plan: str | Mapping[str, Any] | None = None,
-             parallelize: str | Callable[..., Any] | None = None,
-             name: str | None = None) -> Job:
+             parallelize: str | Callable[..., Any] | None = None, microbatches: int | None = None,
+             schedule: str = "1f1b", name: str | None = None) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
     ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
@@ -160,7 +160,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     name -> "colwise" / "rowwise" / ..., or ``"pkg.module:PLAN"``; default: the transformers
     model's own ``base_model_tp_plan``).  ``parallelize`` is your own
     ``fn(model, mesh)`` (or ``"pkg.module:fn"``), run instead of graphmem's strategies on the
-    mesh ``parallel`` describes.
+    mesh ``parallel`` describes.  With ``pp``, ``microbatches`` (default: the degree) and
+    ``schedule`` (``gpipe`` or ``1f1b``).
 
     Raises:
         UserInputError: any invalid value, before anything is imported or traced.
@@ -175,10 +176,10 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
         parallel = replace(parse_parallel(parallel), bucket_mb=ddp_bucket_mb, bucket_view=ddp_bucket_view,
                            reshard_after_forward=reshard_after_forward, param_dtype=mp_param_dtype,
                            reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units), tp_plan=tp_plan,
-                           parallelize=parallelize)
-    elif parallelize is not None or tp_plan is not None:
-        raise UserInputError("--parallelize and --tp-plan need --parallel to describe the mesh, e.g. "
-                             "--parallel fsdp=8 or tp=2")
+                           parallelize=parallelize, microbatches=microbatches, schedule=schedule)
+    elif parallelize is not None or tp_plan is not None or microbatches is not None:
+        raise UserInputError("--parallelize, --tp-plan and --microbatches need --parallel to describe the mesh, "
+                             "e.g. --parallel fsdp=8, tp=2 or pp=4")
     return Job(model=model, inputs=_input_texts(inputs), mode=mode, step=step,
                device=device or ("cuda" if gpu else "cpu"),
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),

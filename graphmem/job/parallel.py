@@ -7,7 +7,10 @@
 - ``ddp=R,fsdp=S``: HSDP, FSDP2 on a 2-D mesh (replicate R x shard S);
 - ``zero1=N``: DistributedDataParallel with ZeroRedundancyOptimizer;
 - ``tp=N``: tensor parallel, ``parallelize_module`` with a plan (the transformers model's own
-  ``base_model_tp_plan``, or one given); ``fsdp=D,tp=T``: FSDP2 over D on top (2-D).
+  ``base_model_tp_plan``, or one given); ``fsdp=D,tp=T``: FSDP2 over D on top (2-D);
+- ``pp=N``: pipeline parallel, torch.distributed.pipelining (``PipelineStage`` per rank, the
+  ``gpipe`` or ``1f1b`` schedule over ``microbatches`` microbatches); the model's repeated
+  blocks are cut into N contiguous stages.
 
 Pure parsing and validation: nothing here imports torch.distributed.
 """
@@ -23,7 +26,7 @@ from typing import Any
 from graphmem.errors import UserInputError
 from graphmem.job.spec import parse_dtype
 
-__all__ = ["PARALLEL_NAMES", "TP_STYLES", "ParallelSpec", "parse_parallel"]
+__all__ = ["PARALLEL_NAMES", "PP_SCHEDULES", "TP_STYLES", "ParallelSpec", "parse_parallel"]
 
 # strategy name -> what it is, for messages and --help
 PARALLEL_NAMES = {
@@ -31,12 +34,15 @@ PARALLEL_NAMES = {
     "fsdp": "FSDP2 fully_shard (parameters, gradients and optimizer state sharded)",
     "zero1": "DistributedDataParallel with ZeroRedundancyOptimizer (optimizer state sharded)",
     "tp": "tensor parallel (parallelize_module with the model's or your plan)",
+    "pp": "pipeline parallel (torch.distributed.pipelining, the repeated blocks cut into stages)",
 }
+# pipeline schedules: name -> torch.distributed.pipelining class
+PP_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 # the styles a plan may name, as transformers names them
 TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel")
 # planned, named so that the message says so instead of "unknown"
-_NOT_YET = {"pp": "pipeline parallel", "cp": "context parallel"}
-_COMBINATIONS = ({"ddp"}, {"fsdp"}, {"zero1"}, {"ddp", "fsdp"}, {"tp"}, {"fsdp", "tp"})
+_NOT_YET = {"cp": "context parallel"}
+_COMBINATIONS = ({"ddp"}, {"fsdp"}, {"zero1"}, {"ddp", "fsdp"}, {"tp"}, {"fsdp", "tp"}, {"pp"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,9 @@ class ParallelSpec:
             that applies their parallelism instead of graphmem's; ``mesh`` has one dimension
             per strategy, named as in ``degrees``.  It may return the module to call (a DDP
             wrapper); otherwise the model it changed is called.
+        microbatches: with pp: the microbatches one step's batch is split into (None: the
+            pipeline degree); the batch must divide evenly.
+        schedule: with pp: ``gpipe`` (ScheduleGPipe) or ``1f1b`` (Schedule1F1B).
     """
 
     degrees: tuple[tuple[str, int], ...]
@@ -70,6 +79,8 @@ class ParallelSpec:
     units: tuple[str, ...] = ()
     tp_plan: str | Mapping[str, Any] | None = None
     parallelize: str | Callable[..., Any] | None = None
+    microbatches: int | None = None
+    schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.degrees]
@@ -82,7 +93,7 @@ class ParallelSpec:
             if degree < 1:
                 raise UserInputError(f"--parallel {name}={degree}: the degree must be a positive integer")
         if len(set(names)) != len(names) or set(names) not in _COMBINATIONS:
-            raise UserInputError(f"--parallel {self.text}: the combinations are ddp, fsdp, zero1 or tp alone, "
+            raise UserInputError(f"--parallel {self.text}: the combinations are ddp, fsdp, zero1, tp or pp alone, "
                                  "ddp,fsdp (HSDP) and fsdp,tp (2-D)")
         if self.bucket_mb <= 0:
             raise UserInputError(f"--ddp-bucket-mb must be positive, got {self.bucket_mb}")
@@ -93,6 +104,14 @@ class ParallelSpec:
                                      "or a torch.distributed.tensor.parallel.ParallelStyle")
         if self.tp_plan is not None and "tp" not in names:
             raise UserInputError("a tensor-parallel plan needs tp in --parallel, e.g. --parallel tp=2")
+        if self.schedule not in PP_SCHEDULES:
+            raise UserInputError(f"--schedule {self.schedule!r}: expected one of {', '.join(PP_SCHEDULES)}")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise UserInputError(f"--microbatches must be a positive integer, got {self.microbatches}")
+        if self.microbatches is not None and "pp" not in names:
+            raise UserInputError("--microbatches needs pp in --parallel, e.g. --parallel pp=2")
+        if "pp" in names and self.parallelize is not None:
+            raise UserInputError("--parallelize is not supported with pp: graphmem cuts the stages itself")
         for dtype in (self.param_dtype, self.reduce_dtype):
             if dtype is not None:
                 parse_dtype(dtype)
@@ -108,6 +127,16 @@ class ParallelSpec:
     def degree(self, name: str) -> int:
         """The degree of one strategy (1 when absent)."""
         return dict(self.degrees).get(name, 1)
+
+    @property
+    def pipelined(self) -> bool:
+        """Pipeline parallel: each rank holds one stage."""
+        return "pp" in dict(self.degrees)
+
+    @property
+    def n_microbatches(self) -> int:
+        """The microbatches of one pipeline step (``microbatches``, else the pipeline degree)."""
+        return self.microbatches if self.microbatches is not None else self.degree("pp")
 
     @property
     def shards(self) -> bool:

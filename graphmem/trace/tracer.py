@@ -49,10 +49,14 @@ from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.fakes import fake_inputs, fake_parameters
 from graphmem.trace.optim import compute_loss, find_logits, make_optimizer, make_targets, selective_policy
 from graphmem.trace.parallel import (
+    Applied,
     apply_parallel,
     fake_process_group,
     following_resizes,
     meta_copy,
+    pipeline_schedule,
+    pipeline_stage_module,
+    pipeline_warmup_known,
     zero_partition,
 )
 from graphmem.trace.recorder import Recorder
@@ -104,16 +108,24 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     fake_mode = new_fake_mode()
     target = torch.device("cpu" if cuda is not None else device)
     given = model  # errors name the user's class, not the one fully_shard makes
-    if parallel is not None and (parallel.shards or parallel.parallelize is not None):
+    pipelined = parallel is not None and parallel.pipelined
+    if pipelined:
+        _check_pipeline(mode, step)
+    if parallel is not None and (parallel.shards or parallel.parallelize is not None or pipelined):
         model = meta_copy(model)  # fully_shard (and user code) changes the module's class and parameters
     with cuda_calls_on_cpu(device, tensors_on=target.type, functions=False), \
             fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
-        applied = apply_parallel(model, parallel, fake_mode) if parallel else None
+        pipeline: _Pipeline | None = None
+        if parallel is not None and pipelined:
+            pipeline = _Pipeline(model, parallel, rank, fake_mode, fake_inputs(inputs, fake_mode, target), step)
+            applied: Applied | None = Applied(model=pipeline.stage_module, inner=pipeline.stage_module, buffers=[])
+        else:
+            applied = apply_parallel(model, parallel, fake_mode) if parallel else None
         inner = applied.inner if applied else model
         if applied:  # the parameters now are the engine's (sharded) ones
             names = _parameter_names(inner)
         with recorder.tracking_modules(inner):
-            args, kwargs = fake_inputs(inputs, fake_mode, target)
+            args, kwargs = pipeline.inputs if pipeline else fake_inputs(inputs, fake_mode, target)
             for tensor, (name, role) in names.items():
                 recorder.add_placeholder(tensor, name)
                 recorder.mark(tensor, role, name, owner=name)
@@ -127,7 +139,9 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 autocast = functools.partial(_autocast, step, target, cuda is not None)
                 with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
                         _cuda_autocast_rules(cuda is not None, step), following_resizes(recorder.resized):
-                    if mode == "inference":
+                    if pipeline is not None:
+                        _run_pipeline(pipeline, args, kwargs, recorder, step, target, autocast)
+                    elif mode == "inference":
                         _run_inference(applied.model if applied else model, args, kwargs, recorder, autocast)
                     elif mode == "train":
                         _run_training(applied.model if applied else model, inner, args, kwargs, recorder, step,
@@ -280,6 +294,96 @@ def _run_training(model: nn.Module, inner: nn.Module, args: list[Any], kwargs: d
                     _micro_step(loop)
                 _optimizer_step(loop)
             recorder.poll()
+
+
+def _check_pipeline(mode: str, step: StepConfig) -> None:
+    """What pp=N records: training, one step per iteration, without autocast."""
+    if mode != "train":
+        raise UserInputError(f"--parallel pp models the training step only, not --mode {mode}; use --mode train")
+    if step.grad_accum != 1:
+        raise UserInputError("--parallel pp: the pipeline's microbatches are its gradient accumulation; "
+                             "use --microbatches instead of --grad-accum")
+    if step.amp is not None:
+        raise UnsupportedError("--parallel pp with --amp is not modelled yet")
+
+
+class _Pipeline:
+    """One rank's pipeline stage: its module, the example shapes, the schedule's settings."""
+
+    def __init__(self, model: nn.Module, spec: ParallelSpec, rank: int, fake_mode: Any,
+                 inputs: tuple[list[Any], dict[str, Any]], step: StepConfig) -> None:
+        self.spec, self.rank, self.fake_mode, self.inputs, self.step = spec, rank, fake_mode, inputs, step
+        self.stage_module, self.example_in, self.example_out = pipeline_stage_module(
+            model, spec, rank, fake_mode, *inputs)
+        self.first = rank == 0
+        self.last = rank == spec.degree("pp") - 1
+
+    def schedule(self) -> Any:
+        kind = self.step.loss
+
+        def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
+            return compute_loss(kind, output, target)
+
+        with self.fake_mode:
+            return pipeline_schedule(self.stage_module, self.spec, self.rank, self.example_in, self.example_out,
+                                     loss_fn)
+
+
+def _run_pipeline(pipeline: _Pipeline, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
+                  step: StepConfig, device: torch.device,
+                  autocast: Callable[[], AbstractContextManager[Any]]) -> None:
+    """A pipeline trainer's step on this rank, per iteration: ``schedule.step(*inputs)`` on the
+    first stage, ``schedule.step(target=targets, losses=losses)`` on the last, ``schedule.step()``
+    in between; then the optimizer step and zero_grad.  The phases follow the schedule: each
+    microbatch's forward, loss and backward as the stage runs them."""
+    inner = pipeline.stage_module
+    inner.train()
+    loop = _Loop(inner, inner, args, kwargs, recorder, step, device, autocast)
+    schedule = pipeline.schedule()
+    stage = schedule._stage
+    wrapped = [(stage, "forward_one_chunk", Phase.FORWARD), (stage, "backward_one_chunk", Phase.BACKWARD),
+               (stage, "backward_weight_one_chunk", Phase.BACKWARD)]
+    if pipeline.last:  # the schedule asks every stage; only the last computes a loss
+        wrapped.append((schedule, "_maybe_compute_loss", Phase.LOSS))
+    for owner, name, phase in wrapped:
+        if hasattr(owner, name):
+            setattr(owner, name, _in_phase(recorder, phase, getattr(owner, name)))
+    targets: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
+            _checkpointed(inner, step, recorder), pipeline_warmup_known():
+        for iteration in range(step.iterations):
+            recorder.iteration = iteration
+            recorder.phase = Phase.FORWARD
+            if pipeline.last and not targets:  # the batch's labels, kept like the data
+                out = pipeline.example_out[0]
+                shape = (out.shape[0] * pipeline.spec.n_microbatches, *out.shape[1:-1])
+                targets.append(torch.zeros(shape, dtype=torch.int64, device=out.device))
+                recorder.mark(targets[0], Role.INPUT, "targets")
+            losses: list[torch.Tensor] = []
+            if pipeline.first:
+                schedule.step(*args, **kwargs, **({"target": targets[0], "losses": losses} if pipeline.last else {}))
+            elif pipeline.last:
+                schedule.step(target=targets[0], losses=losses)
+            else:
+                schedule.step()
+            if iteration == 0:
+                for info in [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]:
+                    for recv in info:
+                        if isinstance(getattr(recv, "buffer", None), torch.Tensor):
+                            recorder.mark(recv.buffer, Role.COMMUNICATION, "pipeline receive buffers")
+            for name, p in loop.params.items():
+                if p.grad is not None:
+                    recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
+            _optimizer_step(loop)
+            del losses
+            recorder.poll()
+
+
+def _in_phase(recorder: Recorder, phase: Phase, method: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        recorder.phase = phase
+        return method(*args, **kwargs)
+    return run
 
 
 def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:

@@ -40,7 +40,7 @@ def _start(mode: ModeReport, category: Category) -> int:
 
 
 @pytest.mark.parametrize("text, words", [
-    ("pp=2", "not supported yet"), ("bogus=2", "unknown strategy"), ("zero1=2,tp=2", "combinations"),
+    ("cp=2", "not supported yet"), ("bogus=2", "unknown strategy"), ("zero1=2,tp=2", "combinations"),
     ("fsdp", "malformed"),
     ("fsdp=0", "positive"), ("ddp=2,zero1=2", "combinations"), ("fsdp=2,fsdp=2", "combinations"),
 ])
@@ -50,7 +50,7 @@ def test_bad_specs_are_refused_with_the_reason(text: str, words: str) -> None:
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--parallel", "pp=2"], "not supported yet"),
+    (["--parallel", "cp=2"], "not supported yet"),
     (["--parallel", "tp=2"], "no tensor-parallel plan"),
     (["--parallel", "fsdp=2", "--fsdp-units", "Block"], "no module of class Block"),
     (["--tp-plan", "x:PLAN"], "need --parallel"),
