@@ -129,6 +129,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     model = build()
     model.train()
     chosen = [m for m in model.modules() if type(m).__name__ in checkpoint_classes]
+    if chosen and getattr(getattr(model, "config", None), "use_cache", None):
+        model.config.use_cache = False  # as transformers' gradient_checkpointing_enable() trains
     for module in chosen[::checkpoint_every]:
         module.forward = _checkpointed(module.forward, checkpoint_save)  # type: ignore[method-assign]
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])

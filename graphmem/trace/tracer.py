@@ -475,11 +475,19 @@ def _checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Ite
     for module in targets:
         module.forward = functools.partial(_checkpoint_call, module.forward,
                                            paths.get(id(module), ""), recorder, context)
+    # transformers' own gradient checkpointing turns the KV cache off while training (a cache
+    # filled in the forward would be appended to again by every recompute); so does this
+    config: Any = getattr(model, "config", None)
+    cached = getattr(config, "use_cache", None)
+    if cached:
+        config.use_cache = False
     try:
         yield
     finally:
         for module in targets:
             del module.forward
+        if cached:
+            config.use_cache = cached
 
 
 def _checkpoint_call(forward: Any, path: str, recorder: Recorder, context: Callable[[], Any] | None,

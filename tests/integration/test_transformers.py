@@ -95,3 +95,14 @@ def test_a_configs_torch_dtype_is_the_models_dtype() -> None:
     assert declared.inference.timeline == explicit.inference.timeline
     params = [s for s in declared.inference.trace.storages if "parameter" in {str(r) for r in s.roles}]
     assert params and {s.dtype for s in params} == {"bfloat16"}
+
+
+def test_checkpointing_a_transformers_model_trains_without_its_cache() -> None:
+    """transformers' own gradient checkpointing turns use_cache off while training; so does
+    --checkpoint (else every recompute appends to the cache again)."""
+    build, specs = next((c[1], c[2]) for c in CASES if c[0] == "llama")
+    measured = measure_training(build, [], OPTIMIZERS["adamw"], "auto", kw_inputs=_real(specs),
+                                checkpoint_classes=("LlamaDecoderLayer",))
+    report = graphmem.analyze(build, specs, mode="train", optimizer="adamw", checkpoint=["LlamaDecoderLayer"])
+    assert report.train is not None
+    assert report.train.peak_bytes == measured.peak_bytes
