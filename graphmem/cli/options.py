@@ -229,7 +229,7 @@ def output_options(formats: Sequence[str]) -> Callable[[F], F]:
 def job_from(options: Mapping[str, Any]) -> Job:
     """The Job the job options describe (``options``: the command's keyword arguments)."""
     target: tuple[str, ModelSource] | None = options["target"]
-    name, source = target if target else (options["preset"], None)
+    name, source = target if target else (options["preset"] or options["hf_config"], None)
     return make_job(
         source, options["inputs"], mode=options["mode"], optimizer=options["optimizer"], loss=options["loss"],
         device=options["device"], dtype=options["dtype"], kwargs=options["model_kwargs"],

@@ -107,7 +107,8 @@ class Job:
         """The job with its preset applied: the preset's model class, its config under
         ``hf_config``, its published dtype unless one is given, and its example batch
         when no input is given; without a dtype, a Hugging Face config's own ``torch_dtype``
-        (what from_pretrained would load the weights in)."""
+        (what from_pretrained would load the weights in); without a model, the class the
+        config's ``architectures`` names."""
         job = self
         if self.preset is not None:
             chosen = get_preset(self.preset)
@@ -116,7 +117,12 @@ class Job:
                           hf_config={**chosen.config, **(self.hf_config or {})}, dtype=self.dtype or chosen.dtype,
                           inputs=inputs)
         declared = _config_dtype(job.hf_config)
-        return replace(job, dtype=declared) if job.dtype is None and declared is not None else job
+        if job.dtype is None and declared is not None:
+            job = replace(job, dtype=declared)
+        architectures = (job.hf_config or {}).get("architectures")
+        if job.model is None and isinstance(architectures, list) and architectures:  # a Hub config names it
+            job = replace(job, model=f"transformers:{architectures[0]}", name=job.name or None)
+        return job
 
     def updated(self, **changes: Any) -> Job:
         """The same job with some fields changed, by Job field or ``make_job`` keyword

@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -187,8 +188,31 @@ def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
     return model
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _cached_hub_config(repo_id: str) -> str:
+    """The local path of a Hub model's config.json (downloaded into the Hugging Face cache if
+    the hub can be reached and offline mode is off)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:
+        raise UserInputError(f"--hf-config {repo_id!r} is a Hub model id, which needs huggingface_hub: "
+                             "pip install 'graphmem[hf]'; or give a local config.json") from exc
+    try:
+        return str(hf_hub_download(repo_id, "config.json"))
+    except Exception as exc:  # offline, not cached, gated, unknown: one message for all of them
+        raise UserInputError(f"--hf-config {repo_id!r}: its config.json is not in the Hugging Face cache and "
+                             f"could not be fetched ({type(exc).__name__}); fetch it once with "
+                             f"`hf download {repo_id} config.json`, or give a local config.json") from exc
+
+
 def load_hf_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The values of a local config.json, updated by ``overrides`` (None when neither is given).
+
+    ``path`` may also be a Hugging Face Hub model id (``meta-llama/Llama-3.1-8B``): its
+    config.json only, through huggingface_hub, which honours its cache and offline mode
+    (HF_HUB_OFFLINE, HF_HOME); no weights are ever fetched.
 
     Raises:
         UserInputError: the file is missing or not a JSON object.
@@ -196,6 +220,8 @@ def load_hf_config(path: str | None, overrides: Mapping[str, Any] | None = None)
     if path is None and not overrides:
         return None
     values: dict[str, Any] = {}
+    if path is not None and not os.path.exists(path) and _HUB_ID.fullmatch(path):
+        path = _cached_hub_config(path)
     if path is not None:
         try:
             with open(path, encoding="utf-8") as handle:
