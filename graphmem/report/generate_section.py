@@ -33,7 +33,22 @@ def generate_table(report: MemoryReport, gen: GenerateReport, fmt: Callable[[int
                          mode=f"generation of {gen.new_tokens} tokens after a {gen.prompt_tokens}-token prompt, "
                               f"batch {gen.batch}", report=report, parallel=report.parallel, fmt=fmt)
     notes = sorted(set(gen.prefill.assumptions) | set(gen.decode.assumptions))
-    return "\n\n".join([head, tabulate(rows, tablefmt="simple"), *(f"Assumed: {n}" for n in notes)]) + "\n"
+    verdict = _gpu_verdict(report, gen, fmt)
+    return "\n\n".join([head, tabulate(rows, tablefmt="simple"), *verdict, *(f"Assumed: {n}" for n in notes)]) + "\n"
+
+
+def _gpu_verdict(report: MemoryReport, gen: GenerateReport, fmt: Callable[[int], str]) -> list[str]:
+    """On the CUDA target: whether the higher step fits the GPU's memory (graphmem check
+    --generate gives the same answer with a budget and an exit code)."""
+    if report.gpu is None or gen.prefill.allocator is None or gen.decode.allocator is None:
+        return []
+    peak = max(gen.prefill.allocator.allocated_peak_bytes, gen.decode.allocator.allocated_peak_bytes)
+    total = report.gpu.total_memory_bytes
+    if peak <= total:
+        return [f"Fits the {report.gpu.name}: allocated peak {fmt(peak)} of {fmt(total)} "
+                "(graphmem check --generate gives a verdict with a budget and an exit code)"]
+    return [f"DOES NOT FIT the {report.gpu.name}: allocated peak {fmt(peak)} is more than its {fmt(total)}; "
+            "a smaller --batch, a shorter prompt or more GPUs are needed"]
 
 
 def generate_json(report: MemoryReport, gen: GenerateReport) -> dict[str, Any]:

@@ -56,3 +56,14 @@ def test_check_with_generate_compares_the_higher_step() -> None:
             "--batch", "2", "--format", "json"]
     assert CliRunner().invoke(main, [*args, "--budget", f"{higher}B"]).exit_code == 0
     assert CliRunner().invoke(main, [*args, "--budget", f"{higher - 1}B"]).exit_code == 1
+
+
+def test_analyze_generate_on_a_gpu_says_whether_it_fits() -> None:
+    config = {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 64, "bos_token_id": 0,
+              "eos_token_id": 0}
+    args = ["analyze", "transformers:GPT2LMHeadModel", "--hf-config-kwargs", json.dumps(config), "--generate", "16+8"]
+    small = CliRunner().invoke(main, [*args, "--gpu", "h100-80gb"])
+    assert small.exit_code == 0 and "Fits the h100-80gb" in small.stdout
+    big = CliRunner().invoke(main, [*args, "--batch", "400000", "--gpu", "t4"])
+    assert big.exit_code == 0, big.output
+    assert "DOES NOT FIT the t4" in big.stdout
