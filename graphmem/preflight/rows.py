@@ -316,9 +316,10 @@ def prune_rows(ctx: PlanContext) -> list[Analysed | str]:
 
 
 def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed | str]:
-    """ZeRO-1 (DDP + ZeroRedundancyOptimizer), FSDP2 without and with resharding after forward
-    over ``world_size`` GPUs, each analysed by running the engine (per GPU, the highest rank),
-    and CPU offload of the optimizer (formula).  None when the job is already parallel."""
+    """ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 without resharding after forward over
+    ``world_size`` GPUs; FSDP2 over 2, 4, 8, ... GPUs up to the first degree that fits (and
+    ``world_size``); each analysed by running the engine (per GPU, the highest rank); CPU
+    offload of the optimizer (formula).  None when the job is already parallel."""
     if ctx.job.parallel is not None:
         return []
     n = ctx.world_size
@@ -328,10 +329,16 @@ def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed
     for spec, name, note in (
             (f"zero1={n}", f"ZeRO-1 over {n} GPUs (DDP + ZeroRedundancyOptimizer)", "communication as DDP"),
             (f"fsdp={n}:keep", f"FSDP2 over {n} GPUs, parameters kept after forward (ZeRO-2-like)",
-             "all-gathers once per step; gradients reduce-scattered"),
-            (f"fsdp={n}", f"FSDP2 over {n} GPUs (ZeRO-3)", "1.5x DDP's communication; all-gathers in forward "
-             "and backward")):
+             "all-gathers once per step; gradients reduce-scattered")):
         rows.append(analysed_row(ctx, prefix + name, {**base, "parallel": spec}, effort=2, note=note))
+    # FSDP2 (ZeRO-3) at each power-of-two degree up to the first that fits, and at world_size
+    degrees = [d for d in (2, 4, 8, 16, 32, 64, 128, 256, 512) if d < n] if on is None else []
+    for degree in [*degrees, n]:
+        row = analysed_row(ctx, f"{prefix}FSDP2 over {degree} GPUs (ZeRO-3)", {**base, "parallel": f"fsdp={degree}"},
+                           effort=2, note="1.5x DDP's communication; all-gathers in forward and backward")
+        rows.append(row)
+        if isinstance(row, Analysed) and row.row.fits:
+            break
     rows.append(scaled_row(ctx, on, "CPU offload of optimizer state", {"offload": "optimizer"},
                            offload_scaling(), effort=2,
                            note="optimizer step on the CPU; gradients and parameters cross PCIe every step"))

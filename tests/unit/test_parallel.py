@@ -173,3 +173,17 @@ def test_a_failing_parallelize_names_the_function() -> None:
 
     with pytest.raises(UserInputError, match="broken failed.*no such layer"):
         graphmem.analyze(MLP, ["4x1000"], mode="train", parallel="fsdp=2", parallelize=broken)
+
+
+def test_plan_offers_the_smallest_fsdp_degree_that_fits() -> None:
+    from graphmem.job import make_job
+    from graphmem.preflight import make_plan, parse_budget, resolve_budget
+
+    at_2 = graphmem.analyze(MLP, ["4x1000"], mode="train", parallel="fsdp=2")
+    assert at_2.train is not None
+    budget = resolve_budget(parse_budget(f"{at_2.train.peak_bytes}B"), None)
+    plan = make_plan(make_job(MLP, "4x1000", mode="train"), budget)
+    fsdp = [r for r in plan.rows if str(r.changes.get("parallel", "")).startswith("fsdp=")
+            and ":" not in r.changes["parallel"]]
+    assert [r.changes["parallel"] for r in fsdp] == ["fsdp=2"]
+    assert fsdp[0].fits and fsdp[0].peak_bytes == at_2.train.peak_bytes
