@@ -78,7 +78,7 @@ Counting (what this oracle adds to tests/oracles.py):
   * Sizes are re-read from every tracked storage after every op (``storage.nbytes()``), so FSDP2's
     ``untyped_storage().resize_(0)`` / ``resize_(size)`` (``free_storage`` / ``alloc_storage``),
     which are not aten ops, are followed.
-  * Collectives finish in program order: every ``c10d`` op the mode sees (including those DDP's
+  * Collectives finish in program order: every ``c10d`` and ``_c10d_functional`` op the mode sees (including those DDP's
     Reducer launches from C++ in backward) is drained before the program goes on.  The gloo group is
     built with ONE worker thread (``_threads = 1``, device 127.0.0.1), and after the op a tiny
     all-reduce on a tensor the mode never sees is run and waited for: the worker runs its queue in
@@ -128,6 +128,9 @@ HOST = "127.0.0.1"
 PHASES = ("forward", "loss", "backward", "optimizer")
 # point-to-point ops (pipeline parallel): not drained; their peer is not running the same op at once
 _POINT_TO_POINT = re.compile(r"c10d\.(send|recv)")
+# functional collectives (tensor parallel's all-reduce) are drained too; their wait is not a collective
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+_NOT_DRAINED = re.compile(r"c10d\.(send|recv)|wait_tensor")
 
 # ZeroRedundancyOptimizer's optimizer_class and kwargs: those of tests.oracles.OPTIMIZERS
 ZERO_OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
@@ -276,7 +279,7 @@ class DistLiveStorages(LiveStorages):
         leaves = tree_flatten(out)[0]
         for t in leaves:
             self.add(t)
-        if getattr(func, "namespace", None) == "c10d" and not _POINT_TO_POINT.search(str(func)):
+        if getattr(func, "namespace", None) in _COLLECTIVE_NAMESPACES and not _NOT_DRAINED.search(str(func)):
             self._drain(tree_flatten((args, kwargs))[0])
         self.ops += 1
         now = self.live_bytes()

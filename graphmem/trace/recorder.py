@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem.errors import TraceError
+from graphmem.errors import TraceError, UserInputError
 from graphmem.trace._torch_api import (
     DATA_DEPENDENT_ERRORS,
     StorageWeakRef,
@@ -33,6 +33,7 @@ from graphmem.trace._torch_api import (
     current_autograd_node,
     storage_expired,
     storage_key,
+    unset_fake_temporarily,
 )
 from graphmem.trace.parallel import local_tensor
 from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
@@ -83,6 +84,26 @@ def _fresh_outputs(func: Any, out: Any) -> Any:
     return tuple(fixed)
 
 
+_DTYPE_WORDS = ("dtype", "scalar type")
+
+
+def _real_dtype_error(func: Any, args: Any, kwargs: Any) -> str:
+    """The real CPU kernel's dtype complaint about ``func`` on one-element tensors of the same
+    dtypes and ranks as ``args`` ("" when it has none: it runs, or fails for another reason)."""
+    def tiny(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return torch.zeros([1] * value.dim(), dtype=value.dtype)
+        return value
+    with unset_fake_temporarily():
+        try:
+            real_args, real_kwargs = tree_map(tiny, (tuple(args), dict(kwargs)))
+            func(*real_args, **real_kwargs)
+        except (RuntimeError, TypeError) as exc:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return text if any(word in text for word in _DTYPE_WORDS) else ""
+    return ""
+
+
 class _Storage:
     """Mutable bookkeeping for one storage while recording; frozen into StorageRecord."""
 
@@ -122,6 +143,7 @@ class Recorder(TorchDispatchMode):
         self._read_index = 0
         self._silent = False
         self.shadows = Shadows()
+        self._dtype_checked: dict[Any, str] = {}
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -267,6 +289,8 @@ class Recorder(TorchDispatchMode):
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self._note_sequence(module)
         self.pending = (str(func), module)  # named in the error if the op raises
+        if self.phase in (Phase.FORWARD, Phase.LOSS) and len({t.dtype for t in in_tensors}) > 1:
+            self._refuse_what_the_real_kernel_refuses(func, args, kwargs)
         scratch = self._scratch(func, args, kwargs)
         out = self._fix_dtypes(func, args, kwargs, _fresh_outputs(func, self._run(func, args, kwargs)))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -300,6 +324,22 @@ class Recorder(TorchDispatchMode):
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.shadows.propagate(func, args, kwargs, out)
         return out
+
+    def _refuse_what_the_real_kernel_refuses(self, func: Any, args: Any, kwargs: Any) -> None:
+        """Fake and meta kernels accept some dtype mixes the real CPU kernel refuses (an int64
+        or float16 input into a float32 Linear): when an op's tensors disagree in dtype, run it
+        once on one-element real tensors of the same dtypes; if the real kernel refuses the
+        dtypes, so does graphmem, with PyTorch's own message.  Cached per op and dtypes."""
+        key = (func, tuple((t.dtype, t.dim()) if isinstance(t, torch.Tensor) else None
+                           for t in tree_flatten((args, kwargs))[0]))
+        if key not in self._dtype_checked:
+            self._dtype_checked[key] = _real_dtype_error(func, args, kwargs)
+        message = self._dtype_checked[key]
+        if message:
+            op, module = self.pending
+            where = f"module {module}" if module else "the model"
+            raise UserInputError(f"{where} runs {op.split('.')[1] if '.' in op else op} on inputs whose dtypes "
+                                 f"PyTorch refuses: {message}; check the dtypes of --input (and --dtype)")
 
     def _replica_value(self) -> Any:
         if self._read_index >= len(self.scalar_reads):

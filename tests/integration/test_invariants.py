@@ -108,7 +108,7 @@ def test_a_module_instance_is_analysed_and_left_untouched() -> None:
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     objects = {name: p for name, p in model.named_parameters()}
-    report = graphmem.analyze(model, ["2x16"], dtype=torch.bfloat16)
+    report = graphmem.analyze(model, ["2x16:bf16"], dtype=torch.bfloat16)  # real PyTorch refuses fp32 inputs
     assert report.train is not None
     # bf16 weights: (16*8 + 8 + 8*4 + 4) * 2 bytes, as model.to(torch.bfloat16) would hold
     assert report.train.params_bytes == (16 * 8 + 8 + 8 * 4 + 4) * 2

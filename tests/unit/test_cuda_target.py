@@ -51,12 +51,12 @@ def _saved(report: graphmem.MemoryReport) -> list[tuple[tuple[int, ...], str]]:
 
 
 def test_flash_attention_saves_logsumexp_not_the_score_matrix() -> None:
-    report = graphmem.analyze(Attention, ["2x128x64"], mode="train", device="cuda", dtype=torch.bfloat16)
+    report = graphmem.analyze(Attention, ["2x128x64:bf16"], mode="train", device="cuda", dtype=torch.bfloat16)
     saved = _saved(report)
     # CUDA flash attention's meta kernel: out (2,4,128,16) and logsumexp (2,4,128) in fp32
     assert ((2, 4, 128), "float32") in saved
     assert all(shape[-2:] != (128, 128) for shape, _ in saved)  # no s x s matrix
-    cpu = _saved(graphmem.analyze(Attention, ["2x128x64"], mode="train", dtype=torch.bfloat16))
+    cpu = _saved(graphmem.analyze(Attention, ["2x128x64:bf16"], mode="train", dtype=torch.bfloat16))
     assert saved != cpu
 
 
