@@ -113,7 +113,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         _check_pipeline(mode, step)
     if parallel is not None and (parallel.shards or parallel.parallelize is not None or pipelined):
         model = meta_copy(model)  # fully_shard (and user code) changes the module's class and parameters
-    with cuda_calls_on_cpu(device, tensors_on=target.type, functions=False), \
+    with _recursion_room(), cuda_calls_on_cpu(device, tensors_on=target.type, functions=False), \
             fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
         pipeline: _Pipeline | None = None
         if parallel is not None and pipelined:
@@ -541,11 +541,42 @@ def _errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
     except UnsupportedOperatorException as exc:
         raise UnsupportedError(f"{_where(recorder, model)} calls {exc}, an op with no meta/fake "
                                "implementation in this torch; graphmem cannot size it") from exc
+    except RecursionError as exc:
+        raise UnsupportedError(f"{_where(recorder, model)}: the model nests deeper than graphmem can record "
+                               f"(Python's recursion limit, {sys.getrecursionlimit()}, was reached)") from exc
+    except (RuntimeError, NotImplementedError) as exc:
+        if not any(words in str(exc) for words in _DATA_ACCESS):
+            raise _failed(recorder, model, exc) from exc
+        raise UnsupportedError(f"{_where(recorder, model)} reads tensor memory directly ({str(exc).strip()}): "
+                               ".numpy(), .tolist(), data_ptr() or a sparse layout, which fake tensors do not "
+                               "have; graphmem cannot record it. Keep such code out of forward") from exc
     except Exception as exc:
-        message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {str(exc).rstrip('.')}"
-        if recorder.phase == Phase.FORWARD and recorder.iteration == 0:
-            raise UserInputError(f"{message}; check that --input shapes and dtypes fit the model") from exc
-        raise TraceError(message) from exc
+        raise _failed(recorder, model, exc) from exc
+
+
+@contextlib.contextmanager
+def _recursion_room(frames: int = 20_000) -> Iterator[None]:
+    """Recording adds Python frames to every module call (hooks, the modes): deeply nested
+    models that run for real under the default limit of 1000 need more room here."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(before, frames))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+# what a fake tensor says when code reaches for its memory
+_DATA_ACCESS = (".numpy() is not supported", "Cannot access data pointer", "Cannot access storage",
+                "data_ptr", "is not supported for tensor subclasses")
+
+
+def _failed(recorder: Recorder, model: nn.Module, exc: BaseException) -> GraphmemError:
+    """Any other failure: the user's inputs on the first forward, else graphmem's own limit."""
+    message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {str(exc).rstrip('.')}"
+    if recorder.phase == Phase.FORWARD and recorder.iteration == 0:
+        return UserInputError(f"{message}; check that --input shapes and dtypes fit the model")
+    return TraceError(message)
 
 
 def _where(recorder: Recorder, model: nn.Module) -> str:
