@@ -1,4 +1,4 @@
-"""The Russian seed's model: a 1000-500-100 multilayer perceptron.
+"""The model of a common article on training memory: a 1000-500-100 multilayer perceptron.
 
     graphmem analyze examples/mlp.py:MLP --input 32x1000
 """

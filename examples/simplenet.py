@@ -1,4 +1,4 @@
-"""The Chinese seed's MNIST network: two convolutions, Dropout2d, max-pooling, log_softmax.
+"""A classic MNIST network: two convolutions, Dropout2d, max-pooling, log_softmax.
 
     graphmem analyze examples/simplenet.py:SimpleNet --input 64x1x28x28 --loss nll
 """
