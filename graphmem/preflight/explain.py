@@ -6,7 +6,7 @@ plain-language paragraph (str).  Pure.
 
 The rules of thumb checked (docs/preflight.md quotes them): "training takes 5-9x inference"
 (5-9N, with N the parameters' memory) and "Adam adds 2N", from the two articles that started
-this project (docs/seed-claims.md).  The text names them as common rules of thumb.
+this project (checked in the docs page of common claims).  The text names them as common rules of thumb.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from graphmem.memory.results import Category, ModeReport
 from graphmem.units import format_bytes
 
-__all__ = ["SEED_RATIO", "explain"]
+__all__ = ["RULE_OF_THUMB_RATIO", "explain"]
 
-SEED_RATIO = (5.0, 9.0)  # the rule of thumb "Итого: 5-9N памяти" for training, N for inference
+RULE_OF_THUMB_RATIO = (5.0, 9.0)  # the rule of thumb "Итого: 5-9N памяти" for training, N for inference
 
 
 def explain(train: ModeReport | None, inference: ModeReport | None, train_peak: int, inference_peak: int,
@@ -43,7 +43,7 @@ def explain(train: ModeReport | None, inference: ModeReport | None, train_peak: 
              + f" and the activations saved for backward ({fmt(train.activations_bytes)} at the end of "
              "the forward pass)."]
     parts.append(_dominant(train, fmt))
-    parts.append(_seed_words(ratio, train_peak / params if params else None))
+    parts.append(_rule_of_thumb_words(ratio, train_peak / params if params else None))
     if bytes_per_sample:
         parts.append(f"Each extra sample adds about {fmt(bytes_per_sample)} to the training peak, while "
                      "parameters, gradients and optimizer state stay the same, so the ratio changes "
@@ -76,8 +76,8 @@ def _dominant(mode: ModeReport | None, fmt: Callable[[int], str]) -> str:
             f"is {top}.")
 
 
-def _seed_words(ratio: float, per_param: float | None) -> str:
-    low, high = SEED_RATIO
+def _rule_of_thumb_words(ratio: float, per_param: float | None) -> str:
+    low, high = RULE_OF_THUMB_RATIO
     where = "inside" if low <= ratio <= high else ("below" if ratio < low else "above")
     text = (f'A common rule of thumb says "training takes 5-9x inference"; this model and batch are {where} '
             "that range")
