@@ -49,7 +49,8 @@ def main() -> None:
         "drained in program order). Predicted: `graphmem analyze --mode train --parallel ...` on the fake "
         "model. MLP: tests.models.MLP 1000-500-100, input 8x1000, loss sum, FSDP units Linear; uneven_mlp: "
         "999-501-99 (every dim 0 odd: padded shards, ranks differ); small_gpt: 2 blocks, dim 64, input "
-        "2x16 tokens, cross entropy, FSDP units Block. Options: DDP's bucket_cap_mb and "
+        "2x16 tokens, cross entropy, FSDP units Block; small_llama: 2 layers, its own tensor-parallel "
+        "plan; hsdp: `ddp=2,fsdp=2`. Options: DDP's bucket_cap_mb and "
         "gradient_as_bucket_view; FSDP2's reshard_after_forward and MixedPrecisionPolicy.",
         "",
         "| case | rank | measured peak | predicted peak | error | per-phase peaks equal |",
@@ -57,9 +58,10 @@ def main() -> None:
         *rows,
         "",
         "Not counted on either side: memory inside the communication library (gloo's reduce-scatter input "
-        "clone and all-gather flat buffer, which NCCL does not make; transport buffers). Not checked here: "
-        "HSDP (`ddp=R,fsdp=S`), `--parallelize` (the same engines; a test checks it records what the "
-        "built-in FSDP2 strategy records), the CUDA target.",
+        "clone and all-gather flat buffer, which NCCL does not make; transport buffers) and device meshes' "
+        "own small CPU tensors of ranks. Not checked here: `--parallelize` (the same engines; a test checks "
+        "it records what the built-in FSDP2 strategy records), pipeline parallelism (`pp`: the real "
+        "pipeline runs hung), the CUDA target.",
         "",
         f"Took {time.perf_counter() - start:.0f} s.",
         "",

@@ -28,6 +28,8 @@ Strategies, applied exactly like this (the predictor applies them identically):
     "tp":    tensor parallel.  mesh = init_device_mesh("cpu", (world_size,)); parallelize_module(model, mesh,
              {name: ColwiseParallel() or RowwiseParallel() as tp_plan names them}); with no tp_plan, a
              transformers model's config.base_model_tp_plan on model.base_model; the optimizer as "fsdp".
+    "hsdp":  HSDP: "fsdp" on mesh = init_device_mesh("cpu", (world_size // tp_degree, tp_degree),
+             mesh_dim_names=("replicate", "shard")) (tp_degree is the shard degree here).
     "fsdp_tp": 2-D.  mesh = init_device_mesh("cpu", (world_size // tp_degree, tp_degree),
              mesh_dim_names=("dp", "tp")); parallelize_module on mesh["tp"] as "tp", then "fsdp" on mesh["dp"].
     "zero1": DDP as above, then opt = torch.distributed.optim.ZeroRedundancyOptimizer(
@@ -398,9 +400,9 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
             from torch.distributed.optim import ZeroRedundancyOptimizer
             cls, kwargs = ZERO_OPTIMIZERS[cfg["optimizer"]]
             return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
-    elif strategy in ("fsdp", "tp", "fsdp_tp"):
+    elif strategy in ("fsdp", "tp", "fsdp_tp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        if strategy != "fsdp":
+        if strategy in ("tp", "fsdp_tp"):
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
             styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
             tp_mesh = mesh["tp"] if strategy == "fsdp_tp" else mesh
@@ -427,18 +429,22 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
 
 
 def _uncounted_mesh_joins() -> None:
-    """FSDP2 on a tensor-parallel model joins the meshes (DeviceMesh._concatenate), making a small
-    tensor of ranks: CPU-side bookkeeping like every mesh, never device memory: not counted."""
+    """FSDP2 joins, slices and flattens device meshes (DeviceMesh._concatenate, __getitem__,
+    _flatten), making small tensors of ranks: CPU-side bookkeeping like every mesh, never device
+    memory: not counted."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.utils._python_dispatch import _disable_current_modes
 
-    join = DeviceMesh._concatenate
+    def uncounted(method: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with _disable_current_modes():
+                return method(*args, **kwargs)
+        return run
 
-    def uncounted(*args: Any, **kwargs: Any) -> Any:
-        with _disable_current_modes():
-            return join(*args, **kwargs)
-
-    DeviceMesh._concatenate = staticmethod(uncounted)
+    DeviceMesh._concatenate = staticmethod(uncounted(DeviceMesh._concatenate))
+    for name in ("__getitem__", "_flatten"):
+        if hasattr(DeviceMesh, name):
+            setattr(DeviceMesh, name, uncounted(getattr(DeviceMesh, name)))
 
 
 def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -446,6 +452,11 @@ def _measure_rank(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["strategy"] in ("fsdp", "tp"):  # communication set-up, like the process group: made before counting
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (cfg["world_size"],))
+    elif cfg["strategy"] == "hsdp":  # FSDP2 on a 2-D mesh: (replicate, shard), shard the fast dimension
+        from torch.distributed.device_mesh import init_device_mesh
+        shard = cfg["tp_degree"]
+        mesh = init_device_mesh("cpu", (cfg["world_size"] // shard, shard), mesh_dim_names=("replicate", "shard"))
+        _uncounted_mesh_joins()
     elif cfg["strategy"] == "fsdp_tp":  # 2-D: (dp, tp) with tp the fast dimension
         from torch.distributed.device_mesh import init_device_mesh
         tp = cfg["tp_degree"]
@@ -632,7 +643,7 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
 
     import torch.multiprocessing as mp
 
-    if strategy not in ("ddp", "fsdp", "zero1", "tp", "fsdp_tp", "pp"):
+    if strategy not in ("ddp", "fsdp", "zero1", "tp", "fsdp_tp", "pp", "hsdp"):
         raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1, tp, fsdp_tp, pp)")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r} ({', '.join(OPTIMIZERS)})")

@@ -33,9 +33,12 @@ class ParallelCase:
 
     def oracle_keywords(self) -> dict[str, Any]:
         build, inputs, loss, units = self.model
-        extra: dict[str, Any] = {"units": units} if self.strategy.startswith("fsdp") else {}
+        extra: dict[str, Any] = {"units": units} if self.strategy.startswith("fsdp") or self.strategy == "hsdp" \
+            else {}
         if "tp" in self.strategy:
             extra.update(tp_plan=self.plan, tp_degree=self.tp)
+        if self.strategy == "hsdp":  # self.tp is the shard degree here
+            extra.update(tp_degree=self.tp)
         return dict(build=build, inputs=inputs, strategy=self.strategy, world_size=self.world_size,
                     optimizer=self.optimizer, loss=loss, **extra, **self.options)
 
@@ -47,6 +50,8 @@ class ParallelCase:
     def parallel(self) -> str:
         if self.strategy == "fsdp_tp":
             return f"fsdp={self.world_size // self.tp},tp={self.tp}"
+        if self.strategy == "hsdp":  # replicate x shard, self.tp the shard degree
+            return f"ddp={self.world_size // self.tp},fsdp={self.tp}"
         return f"{self.strategy}={self.world_size}"
 
     def graphmem_keywords(self) -> dict[str, Any]:
@@ -54,7 +59,7 @@ class ParallelCase:
         o = self.options
         return dict(model=build, inputs=list(inputs), mode="train", optimizer=self.optimizer, loss=loss,
                     parallel=self.parallel, tp_plan=self.plan if "tp" in self.strategy else None,
-                    fsdp_units=units if self.strategy.startswith("fsdp") else (),
+                    fsdp_units=units if self.strategy.startswith("fsdp") or self.strategy == "hsdp" else (),
                     reshard_after_forward=o.get("reshard_after_forward"),
                     mp_param_dtype=o.get("param_dtype"), mp_reduce_dtype=o.get("reduce_dtype"),
                     ddp_bucket_mb=o.get("bucket_cap_mb", 25), ddp_bucket_view=o.get("gradient_as_bucket_view", False))
@@ -75,6 +80,7 @@ CASES: tuple[ParallelCase, ...] = (
     ParallelCase(MLP, "zero1", "adam", world_size=4),
     *(ParallelCase(MLP, "tp", opt) for opt in ("sgd", "adam")),
     ParallelCase(MLP, "fsdp_tp", "adam", world_size=4),
+    *(ParallelCase(model, "hsdp", "adam", world_size=4) for model in (MLP, GPT)),
     ParallelCase(LLAMA, "tp", "adamw"),
     ParallelCase(LLAMA, "fsdp", "adamw"),
 )
