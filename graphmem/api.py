@@ -105,7 +105,7 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
             return one(m, config, inputs, 0)
         ranks = [RankReport(rank, alike, one(m, config, inputs, rank))
                  for rank, alike in distinct_ranks(module, job.parallel)]
-        ranks.sort(key=lambda r: (-_compared_peak(r.report), r.rank))
+        ranks.sort(key=lambda r: (-r.report.budget_peak_bytes, r.rank))
         top = replace(ranks[0].report, ranks=tuple(ranks))
         if job.parallel.pipelined:
             top = replace(top, assumptions=(*top.assumptions, _PIPELINE_NOTE))
@@ -147,11 +147,6 @@ def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> l
         return None
     ids = next(s for s in specs if s.name == "input_ids")
     return [*specs, replace(ids, name="labels")]
-
-
-def _compared_peak(report: ModeReport) -> int:
-    """The peak a budget is compared with: the CUDA allocator's allocated peak, or tensor bytes."""
-    return report.allocator.allocated_peak_bytes if report.allocator else report.peak_bytes
 
 
 def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:

@@ -96,6 +96,12 @@ class ModeReport:
     sdpa_backends: Mapping[str, int] | None = None  # CUDA target: attention kernels chosen
     ranks: tuple[RankReport, ...] = ()  # --parallel: every distinct rank, the highest first (this one)
 
+    @property
+    def budget_peak_bytes(self) -> int:
+        """The peak a budget is compared with: on the CUDA target what
+        torch.cuda.max_memory_allocated() would say, else the tensor bytes at the peak."""
+        return self.allocator.allocated_peak_bytes if self.allocator is not None else self.peak_bytes
+
 
 @dataclass(frozen=True, slots=True)
 class RankReport:

@@ -106,11 +106,9 @@ def peak_of(report: MemoryReport, mode: str) -> int:
     """The peak the budget is compared with: CPU tensor bytes, or the CUDA allocator's
     allocated peak (torch.cuda.max_memory_allocated)."""
     found = _compared_mode(report, mode)
-    if found.allocator is not None:
-        return found.allocator.allocated_peak_bytes
-    if report.generate is not None:  # the decode step's peak, not the forward that fills its cache
+    if found.allocator is None and report.generate is not None:  # the decode step, not its cache fill
         return max(report.generate.prefill_peak_bytes, report.generate.decode_peak_bytes)
-    return found.peak_bytes
+    return found.budget_peak_bytes
 
 
 def _compared_mode(report: MemoryReport, mode: str) -> ModeReport:
@@ -119,8 +117,7 @@ def _compared_mode(report: MemoryReport, mode: str) -> ModeReport:
     also covers the forward that fills its cache: an upper bound)."""
     if report.generate is not None:
         g = report.generate
-        return max((g.prefill, g.decode), key=lambda m: m.allocator.allocated_peak_bytes if m.allocator
-                   else m.peak_bytes)
+        return max((g.prefill, g.decode), key=lambda m: m.budget_peak_bytes)
     found = report.train if mode == "train" else report.inference
     if found is None:
         raise AssertionError(f"peak_of: the report has no {mode} result")

@@ -23,10 +23,6 @@ def _ranks_text(ranks: tuple[int, ...]) -> str:
     return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
 
 
-def _peak(m: ModeReport) -> int:
-    return m.allocator.allocated_peak_bytes if m.allocator else m.peak_bytes
-
-
 def parallel_table(report: MemoryReport, mode: ModeReport, fmt: Callable[[int], str]) -> str:
     """One row per distinct rank: its peak, where, and what is live there."""
     cuda = mode.ranks[0].report.allocator is not None
@@ -35,7 +31,8 @@ def parallel_table(report: MemoryReport, mode: ModeReport, fmt: Callable[[int], 
     rows = []
     for r in mode.ranks:
         m, b = r.report, r.report.breakdown
-        rows.append([_ranks_text(r.ranks), fmt(_peak(m)), f"{m.peak.phase} (iteration {m.peak.iteration + 1})",
+        phase = f"{m.peak.phase} (iteration {m.peak.iteration + 1})"
+        rows.append([_ranks_text(r.ranks), fmt(m.budget_peak_bytes), phase,
                      fmt(b[Category.PARAMETER]), fmt(b[Category.GRADIENT]), fmt(b[Category.OPTIMIZER_STATE]),
                      fmt(b[Category.ACTIVATION]), fmt(b[Category.COMMUNICATION])])
     world = sum(len(r.ranks) for r in mode.ranks)
