@@ -10,11 +10,13 @@ from typing import Any
 
 import torch
 
+from graphmem import interrupts
 from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.errors import UserInputError
+from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import Job, make_job
-from graphmem.job.load import ModelSource, build_model, resolve_target
+from graphmem.job.load import ModelSource, construct_model, resolve_target
 from graphmem.job.spec import GenerateSpec, InputSpec, input_symbol, parse_input_spec, validate_inputs
 from graphmem.job.step import StepConfig, resolve_optimizer
 from graphmem.memory.cuda_replay import model_cuda_allocator
@@ -30,7 +32,8 @@ from graphmem.trace.tracer import trace_step
 __all__ = ["analyze"]
 
 
-def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSpec | str] | InputSpec | str = (),
+def analyze(job: Job | str | ModelSource | None = None,
+            inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor = (),
             *, rules: Mapping[torch._ops.OpOverload, Rule] | None = None, policy: str = "observed",
             **keywords: Any) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
@@ -39,7 +42,8 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
         job: a ``graphmem.Job``, or the model (``"pkg.module:Attr"`` / ``"file.py:Attr"``, an
             nn.Module class, a factory returning one, or an nn.Module instance, left
             untouched); None with ``preset=``.
-        inputs: example inputs as ``InputSpec`` or ``"[NAME=]DIMS[:DTYPE]"`` strings.
+        inputs: example inputs as ``InputSpec``, ``"[NAME=]DIMS[:DTYPE]"`` strings, or example
+            tensors (only their shape and dtype are used: a meta tensor will do).
         rules: extra per-op scratch rules, overriding the registry's for the device.
         policy: storage release policy, ``"observed"`` or ``"last_use"`` (see
             graphmem.memory.liveness).
@@ -56,15 +60,17 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
             ``ModeReport.allocator``), ``gpu``, ``sdpa``, ``alloc_conf``, ``hf_config``,
             ``preset``, ``generate`` (``"P+N"`` with ``batch``: inference with a KV cache),
             ``assume`` (input name -> ones, zeros, arange or an integer, for reads of
-            input-derived values).  With a Job, keywords change it (``Job.updated``).
+            input-derived values), ``freeze`` (globs on parameter names that do not train) or
+            ``lora`` (``"r=16,alpha=32,target=q_proj,v_proj"``: peft's LoRA adapters train, the
+            rest is frozen).  With a Job, keywords change it (``Job.updated``).
 
     Returns:
         A MemoryReport; ``inference`` / ``train`` are None when not asked for.  Sizes in bytes.
 
     Known limitations:
         Memory a kernel allocates internally without dispatching an op (workspaces) is not
-        seen unless a rule in ``graphmem.trace.rules`` models it (seen: the oneDNN workspace of
-        LSTM training on CPU).  Values are never known: reads of input-derived values are
+        seen unless a rule in ``graphmem.trace.rules`` models it (cuDNN's RNN reserve space on
+        the CUDA target is not).  Values are never known: reads of input-derived values are
         answered from ``assume``; reads of anything computed from weights raise TraceError.
         The CUDA target is modelled from PyTorch's source, not yet measured on a GPU.
     """
@@ -85,19 +91,27 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
     if job.model is None:
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     source = resolve_target(job.model) if isinstance(job.model, str) else job.model
-    module = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
+    built = construct_model(source, job.model_kwargs, job.hf_config, device=job.device)
+    module = prepare_finetuning(built.module, job.freeze, job.lora, dtype=job.dtype,
+                                owned=not isinstance(source, torch.nn.Module))
+    dtype = None if job.lora is not None else job.dtype  # LoRA: converted before peft, as trainers do
+    interrupts.check()
+    built_notes = (built.note,) if built.note else ()  # how it was built, when not on the meta device
     table = rules_for(job.device, rules)
     modeled = {str(op) for op in table.scratch}
     specs = [parse_input_spec(text) for text in job.inputs]
 
     def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
         kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
-        trace = trace_step(module, inputs or specs, mode=m, step=config, device=job.device, dtype=job.dtype,
+        trace = trace_step(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
                            rules=table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
+        interrupts.check()
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
+        interrupts.check()
+        report = replace(report, assumptions=(*report.assumptions, *built_notes))
         if cuda is None or kernels is None:  # (kernels exist exactly when cuda does)
             return report
-        return replace(report, allocator=model_cuda_allocator(report, *cuda),
+        return replace(report, allocator=model_cuda_allocator(report, *cuda, parallel=job.parallel),
                        sdpa_backends=dict(kernels.backends))
 
     def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
@@ -106,10 +120,7 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
         ranks = [RankReport(rank, alike, one(m, config, inputs, rank))
                  for rank, alike in distinct_ranks(module, job.parallel)]
         ranks.sort(key=lambda r: (-r.report.budget_peak_bytes, r.rank))
-        top = replace(ranks[0].report, ranks=tuple(ranks))
-        if job.parallel.pipelined:
-            top = replace(top, assumptions=(*top.assumptions, _PIPELINE_NOTE))
-        return top
+        return replace(ranks[0].report, ranks=tuple(ranks))
 
     gpu = cuda[0] if cuda else None
     if job.generate is not None:
@@ -129,11 +140,13 @@ def analyze(job: Job | str | ModelSource | None = None, inputs: Sequence[InputSp
     return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
                         parallel=job.parallel.text if job.parallel else None,
-                        loss=step.loss if train is not None else None)
+                        loss=step.loss if train is not None else None,
+                        trained=count_trained(module, _finetune_text(job)) if train is not None else None)
 
 
-_PIPELINE_NOTE = ("pipeline parallel: recorded from PyTorch's own pipeline schedule on the fake model, but not "
-                  "yet checked against a real multi-process run (docs/parallel.md)")
+def _finetune_text(job: Job) -> str | None:
+    """What the report says was done to train only part of the model."""
+    return str(job.lora) if job.lora else ("frozen: " + ", ".join(job.freeze) if job.freeze else None)
 
 
 def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> list[InputSpec] | None:

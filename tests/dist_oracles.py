@@ -106,6 +106,7 @@ import gc
 import importlib
 import os
 import re
+import sys
 import tempfile
 import time
 import traceback
@@ -546,6 +547,7 @@ def _pipeline(model: torch.nn.Module, cfg: dict[str, Any], rank: int, inputs: li
 
     cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[cfg["schedule"]]
     schedule = cls(stage, micro, loss_fn=loss_fn)
+    _told_the_vote(schedule)
 
     def phase(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -582,6 +584,21 @@ def _pipeline(model: torch.nn.Module, cfg: dict[str, Any], rank: int, inputs: li
     return stage_module, opt, one_step
 
 
+def _told_the_vote(schedule: Any) -> None:
+    """The schedule's first step votes over point-to-point messages whether every stage was given
+    its shapes; on the fake process group a receive leaves its buffer unwritten, so the vote would
+    read garbage.  Every stage here is given its shapes (checked), so each is told the outcome."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def warmup(stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
+        for stage in stages:
+            if InferenceMode.needs_dynamic(stage._user_meta, has_backward):
+                raise RuntimeError(f"pipeline stage {stage.stage_index} needs shape inference")
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = warmup
+
+
 def _rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
     """Entry point of a spawned rank: writes rank<N>.json (or raises, with the traceback)."""
     import json
@@ -589,13 +606,23 @@ def _rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    _one_worker_gloo()
-    _quiet_waits()
-    # Rendezvous through a file in the run's own directory: TCPStore's server would listen on every
-    # interface (*:port, it has no bind address); gloo's connections are bound to 127.0.0.1 above.
-    store = dist.FileStore(str(Path(outdir, "store")), cfg["world_size"])
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg["world_size"],
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S / 2))
+    if os.environ.get("DIST_ORACLE_DEBUG"):  # where each rank is, should the run hang
+        import faulthandler
+        faulthandler.dump_traceback_later(TIMEOUT_S / 3, exit=False, file=sys.stderr)
+    if cfg["strategy"] == "pp":  # each stage runs for real; its sends and receives move no data
+        # imported here, as a trainer imports it, not under the counter: the import makes a
+        # 4-byte module constant (pipelining.microbatch.sum_reducer) that is no part of the step
+        importlib.import_module("torch.distributed.pipelining")
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cfg["world_size"])
+    else:
+        _one_worker_gloo()
+        _quiet_waits()
+        # Rendezvous through a file in the run's own directory: TCPStore's server would listen on every
+        # interface (*:port, it has no bind address); gloo's connections are bound to 127.0.0.1 above.
+        store = dist.FileStore(str(Path(outdir, "store")), cfg["world_size"])
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg["world_size"],
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S / 2))
     try:
         result = _measure_rank(rank, cfg)
         dist.barrier()

@@ -16,7 +16,9 @@ import click
 
 from graphmem.cli.process import user_output_to_stderr
 from graphmem.cuda.gpus import GPUS
+from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
+from graphmem.job.finetune import LoraSpec, parse_lora
 from graphmem.job.job import DEFAULT_GPU, DEVICES, SDPA_CHOICES, Job, make_job
 from graphmem.job.load import ModelSource, load_hf_config, resolve_target
 from graphmem.job.presets import PRESETS
@@ -148,6 +150,14 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--loss"], type=click.Choice(LOSSES), default="auto", show_default=True,
                      help="auto: output.loss if present, else sum of the first float output; "
                           "cross_entropy/nll use int64 class targets."),
+        click.Option(["--freeze"], multiple=True, metavar="GLOB[,GLOB]",
+                     help="Fine-tuning: parameters whose names match do not train, e.g. 'model.embed_tokens.*' "
+                          "or 'model.layers.[0-3].*' (a module's name matches all of its parameters); "
+                          "all-but:GLOB freezes every other one. Repeatable."),
+        click.Option(["--lora"], type=ParsedType("r=N,alpha=A,target=M[,M]", parse_lora, LoraSpec), default=None,
+                     help="Fine-tuning with peft's LoRA: adapters of rank r on the target modules train, the "
+                          "rest is frozen, e.g. r=16,alpha=32,target=q_proj,v_proj[,dropout=0.05] "
+                          "(target=all-linear: every linear layer). Needs pip install 'graphmem[lora]'."),
         click.Option(["--dtype"], type=click.Choice(MODEL_DTYPES), default=None,
                      help="Convert the model's floating parameters and buffers, as model.to(dtype)."),
         click.Option(["--device"], type=click.Choice(DEVICES), default=None,
@@ -192,6 +202,11 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      show_default=True, help="With ddp / zero1: DDP's bucket_cap_mb."),
         click.Option(["--ddp-bucket-view/--no-ddp-bucket-view"], default=False, show_default=True,
                      help="With ddp / zero1: DDP's gradient_as_bucket_view."),
+        click.Option(["--nccl-buffer-mb"], type=click.FloatRange(min=0), default=DEFAULT_NCCL_BUFFER_MB,
+                     show_default=True, metavar="MIB",
+                     help="With --parallel on a GPU: MiB of NCCL's own buffers per communicator, outside "
+                          "PyTorch's allocator (default: 32 channels x NCCL's default buffers of 4 MiB, "
+                          "512 KiB and 4.7 MiB; docs/parallel.md)."),
     ]
 
 
@@ -241,8 +256,9 @@ def job_from(options: Mapping[str, Any]) -> Job:
         hf_config=load_hf_config(options["hf_config"], options["hf_config_kwargs"]), preset=options["preset"],
         generate=options["generate"], batch=options["batch"], parallel=options["parallel"],
         ddp_bucket_mb=options["ddp_bucket_mb"], ddp_bucket_view=options["ddp_bucket_view"],
+        nccl_buffer_mb=options["nccl_buffer_mb"],
         reshard_after_forward={"default": None, "true": True, "false": False}[options["reshard_after_forward"]],
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
         fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
         microbatches=options["microbatches"], schedule=options["schedule"],
-        name=name)
+        freeze=options["freeze"], lora=options["lora"], name=name)

@@ -4,13 +4,13 @@ The exit codes are graphmem.cli.exit_codes' (table: docs/exit-codes.md).  ``Grap
 runs every command so that:
 
 - Ctrl-C (SIGINT) exits 130 and writes no result.  For the command's duration the SIGINT
-  handler records the interrupt, then raises KeyboardInterrupt as Python's own does.  Python
-  prints and ignores a KeyboardInterrupt raised inside a weakref callback or ``__del__``
-  (graphmem's recorder holds weak references), and user code may catch it; the record is
-  checked again before any result is written and before the process exits, so a run
-  interrupted during ``check`` can never print FITS and exit 0.  (A Ctrl-C while Python is
-  still importing torch, before graphmem runs, kills the process by SIGINT: shells report
-  130 for that too.)
+  handler records the interrupt and asks the analysis to stop (graphmem.interrupts); the
+  analysis raises KeyboardInterrupt at its next safe point (before every recorded op, between
+  stages), never inside a callback that C++ runs, where Python would ignore it or the process
+  would abort.  A second Ctrl-C ends the process at once, with 130.  The record is checked
+  again before any result is written and before the process exits, so an interrupted
+  ``check`` can never print FITS and exit 0.  (A Ctrl-C while Python is still importing
+  torch, before graphmem runs, kills the process by SIGINT: shells report 130 for that too.)
 - The user's code prints to stderr (``user_output_to_stderr``): stdout carries the result
   only.  With ``--format json`` stdout carries exactly one JSON document, also on failure:
   ``{"error": {"kind": ..., "message": ..., "exit_code": N}}``.
@@ -31,7 +31,8 @@ from typing import Any, NoReturn
 
 import click
 
-from graphmem.cli.exit_codes import CLOSED_PIPE, CommandError, CommandExit, as_command_error
+from graphmem import interrupts
+from graphmem.cli.exit_codes import CLOSED_PIPE, INTERRUPTED, CommandError, CommandExit, as_command_error
 
 __all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "user_output_to_stderr"]
 
@@ -48,14 +49,20 @@ class _Run:
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
+    if _Run.interrupted:  # the second Ctrl-C: the user will not wait for a safe point
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write("\nError: interrupted (SIGINT, twice): stopped at once\n")
+            sys.stderr.flush()
+        os._exit(INTERRUPTED)
     _Run.interrupted = True
-    raise KeyboardInterrupt
+    interrupts.request()
 
 
 @contextlib.contextmanager
 def _interrupts_recorded() -> Iterator[None]:
     """Install ``_on_sigint`` for the block (only the main thread may set signal handlers)."""
     _Run.interrupted = _Run.wrote_stdout = False
+    interrupts.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,6 +1,7 @@
 """The GPU and its caching allocator, as a model of the hardware: the GPU table
-(``gpus``), PYTORCH_CUDA_ALLOC_CONF (``alloc_conf``) and a replay of PyTorch's
-CUDACachingAllocator over a sequence of allocations and frees (``allocator``).
+(``gpus``), PYTORCH_CUDA_ALLOC_CONF (``alloc_conf``), a replay of PyTorch's
+CUDACachingAllocator over a sequence of allocations and frees (``allocator``) and NCCL's own
+buffers outside it (``nccl``).
 
 Input: GPU names, allocator settings, ``MemoryEvent`` sequences.  Output: ``GPU``,
 ``AllocatorConfig`` and ``AllocatorStats`` records.  Knows nothing of models, graphs or

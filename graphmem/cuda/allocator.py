@@ -83,6 +83,9 @@ class AllocatorStats:
     num_segments: int           # cudaMalloc'd segments, or expandable segments created
     num_device_allocs: int      # cudaMalloc + cuMemMap calls (DeviceStats.num_device_alloc)
     config: AllocatorConfig
+    # Not the allocator's: what NCCL cudaMallocs for itself on the same GPU (graphmem.cuda.nccl),
+    # in neither allocated nor reserved; 0 unless the run is parallel
+    nccl_buffer_bytes: int = 0
 
 
 def round_size(nbytes: int, config: AllocatorConfig) -> int:

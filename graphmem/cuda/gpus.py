@@ -111,11 +111,12 @@ def get_gpu(name: str) -> GPU:
     return GPUS[key]
 
 
-def nvidia_smi_estimate(reserved_bytes: int, gpu: GPU) -> int:
+def nvidia_smi_estimate(reserved_bytes: int, gpu: GPU, nccl_bytes: int = 0) -> int:
     """What nvidia-smi would show for the process: the allocator's reserved bytes plus the
-    CUDA context.  Memory allocated outside PyTorch's allocator (NCCL buffers, cuDNN/cuFFT
-    plans, other libraries' cudaMalloc) is not included."""
-    return reserved_bytes + gpu.cuda_context_bytes
+    CUDA context plus ``nccl_bytes``, NCCL's own buffers (``graphmem.cuda.nccl``; 0 for a
+    run on one GPU).  Other memory allocated outside PyTorch's allocator (cuDNN/cuFFT plans,
+    other libraries' cudaMalloc) is not included."""
+    return reserved_bytes + gpu.cuda_context_bytes + nccl_bytes
 
 
 def cublas_workspace_bytes(gpu: GPU, workspace_config: str | None = None) -> int:

@@ -3,7 +3,9 @@
 Input: the command line's or the Python API's words: a target (``pkg.module:Attr``), a
 preset, a Hugging Face config, input specs, the training-step configuration, the device and
 GPU.  Output: one frozen, validated ``Job``, and the model built on the meta device
-(``load.build_model``).  Knows nothing of tracing, liveness, reports or the command line.
+(``load.construct_model``; ``fallback`` for constructors that read tensor values;
+``finetune`` freezes parameters or adds LoRA adapters).  Knows nothing of tracing, liveness,
+reports or the command line.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ import torch
 
 from graphmem.cuda.alloc_conf import parse_alloc_conf
 from graphmem.cuda.gpus import get_gpu
+from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
+from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
@@ -58,6 +60,9 @@ class Job:
         parallel: data-parallel or sharded training over several GPUs; the report then holds
             each distinct rank and the highest one.
         name: how reports name the model; None: the target text, the preset or the class.
+        freeze: globs on parameter names (``model.layers.0.*``; ``all-but:GLOB``) whose
+            parameters do not train (graphmem.job.finetune).
+        lora: peft's LoRA adapters on the built model; only they train.
     """
 
     model: str | ModelSource | None = None
@@ -76,9 +81,14 @@ class Job:
     alloc_conf: str | None = None
     parallel: ParallelSpec | None = None
     name: str | None = None
+    freeze: tuple[str, ...] = ()
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
         self.step.validate()
+        if self.freeze and self.lora is not None:
+            raise UserInputError("--freeze and --lora together: LoRA already freezes every weight but its "
+                                 "adapters; give one of them")
         for value, choices, what in ((self.mode, ANALYSIS_MODES, "mode"), (self.device, DEVICES, "device"),
                                      (self.sdpa, SDPA_CHOICES, "sdpa backend")):
             if value not in choices:
@@ -137,10 +147,15 @@ class Job:
             changes["inputs"] = _input_texts(changes["inputs"])
         if isinstance(changes.get("dtype"), str):
             changes["dtype"] = parse_dtype(changes["dtype"])
+        if "freeze" in changes:
+            changes["freeze"] = parse_freeze(changes["freeze"] or ())
+        if isinstance(changes.get("lora"), str):
+            changes["lora"] = parse_lora(changes["lora"])
         return replace(self, step=replace(self.step, **step) if step else self.step, **changes)
 
 
-def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec | str] | InputSpec | str = (), *,
+def make_job(model: str | ModelSource | None = None,
+             inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor = (), *,
              mode: str = "both", optimizer: str = "adam", loss: str = "auto", device: str | None = None,
              dtype: torch.dtype | str | None = None, kwargs: Mapping[str, Any] | None = None,
              optimizer_kwargs: Mapping[str, Any] | None = None, optimizer_impl: str = "auto",
@@ -154,7 +169,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
              mp_param_dtype: str | None = None, mp_reduce_dtype: str | None = None,
              fsdp_units: Sequence[str] | str = (), tp_plan: str | Mapping[str, Any] | None = None,
              parallelize: str | Callable[..., Any] | None = None, microbatches: int | None = None,
-             schedule: str = "1f1b", name: str | None = None) -> Job:
+             schedule: str = "1f1b", nccl_buffer_mb: float = DEFAULT_NCCL_BUFFER_MB,
+             name: str | None = None, freeze: Sequence[str] | str = (), lora: str | LoraSpec | None = None) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
     ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
@@ -167,7 +183,10 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
     model's own ``base_model_tp_plan``).  ``parallelize`` is your own
     ``fn(model, mesh)`` (or ``"pkg.module:fn"``), run instead of graphmem's strategies on the
     mesh ``parallel`` describes.  With ``pp``, ``microbatches`` (default: the degree) and
-    ``schedule`` (``gpipe`` or ``1f1b``).
+    ``schedule`` (``gpipe`` or ``1f1b``).  On the CUDA target, ``nccl_buffer_mb``: MiB of
+    NCCL's own buffers per communicator (graphmem.cuda.nccl).  Fine-tuning: ``freeze``
+    (``["model.embed_tokens.*", "model.layers.0.*"]``) or ``lora``
+    (``"r=16,alpha=32,target=q_proj,v_proj"``, peft's LoRA; graphmem.job.finetune).
 
     Raises:
         UserInputError: any invalid value, before anything is imported or traced.
@@ -182,7 +201,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
         parallel = replace(parse_parallel(parallel), bucket_mb=ddp_bucket_mb, bucket_view=ddp_bucket_view,
                            reshard_after_forward=reshard_after_forward, param_dtype=mp_param_dtype,
                            reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units), tp_plan=tp_plan,
-                           parallelize=parallelize, microbatches=microbatches, schedule=schedule)
+                           parallelize=parallelize, microbatches=microbatches, schedule=schedule,
+                           nccl_buffer_mb=nccl_buffer_mb)
     elif parallelize is not None or tp_plan is not None or microbatches is not None:
         raise UserInputError("--parallelize, --tp-plan and --microbatches need --parallel to describe the mesh, "
                              "e.g. --parallel fsdp=8, tp=2 or pp=4")
@@ -190,7 +210,8 @@ def make_job(model: str | ModelSource | None = None, inputs: Sequence[InputSpec 
                device=device or ("cuda" if gpu else "cpu"),
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),
                hf_config=hf_config, preset=preset, generate=generate, assume=dict(assume or {}),
-               gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, parallel=parallel, name=name)
+               gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, parallel=parallel, name=name,
+               freeze=parse_freeze(freeze), lora=parse_lora(lora) if lora is not None else None)
 
 
 def _config_dtype(config: Mapping[str, Any] | None) -> torch.dtype | None:
@@ -201,10 +222,12 @@ def _config_dtype(config: Mapping[str, Any] | None) -> torch.dtype | None:
     return parse_dtype(value)
 
 
-def _input_texts(inputs: Sequence[InputSpec | str] | InputSpec | str) -> tuple[str, ...]:
-    if isinstance(inputs, (str, InputSpec)):
+def _input_texts(inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor) -> tuple[str, ...]:
+    """Input specs as text; an example tensor stands for its shape and dtype (never its values)."""
+    if isinstance(inputs, (str, InputSpec, torch.Tensor)):
         inputs = [inputs]
-    return tuple(str(spec) for spec in inputs)
+    return tuple(str(InputSpec(tuple(spec.shape), spec.dtype)) if isinstance(spec, torch.Tensor) else str(spec)
+                 for spec in inputs)
 
 
 def _class_names(classes: Sequence[str] | str) -> tuple[str, ...]:

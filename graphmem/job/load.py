@@ -9,12 +9,15 @@ The user's code runs here (its module's import, its constructor) as it would und
 parses the command line at import sees none of graphmem's options; a ``SystemExit`` is an
 error (UserInputError), never the end of graphmem; CUDA calls in the constructor
 (``.cuda()``, ``device="cuda"``, ``torch.cuda.is_available()``) are answered on the meta
-device (graphmem.job.devices).
+device (graphmem.job.devices).  A constructor that reads tensor values, which the meta
+device cannot answer, is built again under fake tensors, else once with real CPU tensors under
+a limit (``construct_model``); the result is moved to meta and the report says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -23,16 +26,18 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from graphmem.errors import UserInputError
-from graphmem.job.devices import cuda_calls_on_cpu
+from graphmem.errors import UnsupportedError, UserInputError
+from graphmem.job.fallback import TooLarge, first_line, on_cpu, on_fake, on_meta, reads_values
+from graphmem.units import format_bytes
 
-__all__ = ["resolve_target", "build_model", "load_hf_config", "ModelSource"]
+__all__ = ["resolve_target", "build_model", "construct_model", "BuiltModel", "load_hf_config", "ModelSource",
+           "REAL_BUILD_LIMIT_BYTES"]
 
 # What a user may hand to graphmem: a module class, a factory returning a module, or a module.
 ModelSource = type[nn.Module] | Callable[..., nn.Module] | nn.Module
@@ -142,7 +147,19 @@ def _is_model_like(obj: Any) -> bool:
 
 def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
                 hf_config: Mapping[str, Any] | None = None, *, device: str = "cpu") -> nn.Module:
+    """The model of ``construct_model``, without the note on how it was built."""
+    return construct_model(source, kwargs, hf_config, device=device).module
+
+
+def construct_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
+                    hf_config: Mapping[str, Any] | None = None, *, device: str = "cpu") -> BuiltModel:
     """Build the model under ``torch.device("meta")``, with ``sys.argv`` the target alone.
+
+    A constructor that reads tensor values (``.item()``, ``int(t)``, ``.tolist()``, ops with
+    value-dependent output shapes) cannot run on the meta device.  It is then built again
+    under fake tensors (sizes without values; small constants such as ``torch.tensor(3.0)``
+    are known), and if that fails too, with real CPU tensors, aborted before it creates more
+    than ``REAL_BUILD_LIMIT_BYTES``.  Either way the result holds meta tensors only.
 
     Args:
         source: an nn.Module subclass, a factory returning an nn.Module, or an nn.Module
@@ -155,37 +172,90 @@ def build_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
             ``device="cuda"``) leave the tensors on meta.
 
     Returns:
-        The model.  Built models hold meta tensors only.
+        The model (built models hold meta tensors only) and, when it could not be built on
+        the meta device, a note saying how it was built and why.
 
     Raises:
         UserInputError: the constructor raised or exited, or did not return an nn.Module.
+        UnsupportedError: only a real build would do, and it would pass the limit.
     """
-    kwargs = dict(kwargs or {})
+    given = dict(kwargs or {})
     if isinstance(source, nn.Module):
-        if kwargs:
+        if given:
             raise UserInputError("--kwargs given, but the target is a module instance, not a "
                                  "class or factory; drop --kwargs or point at the class")
-        return source
+        return BuiltModel(source, None)
     name = getattr(source, "__qualname__", repr(source))
+    call_kwargs = given
     if hf_config is not None:
         config_class = getattr(source, "config_class", None)
         if config_class is None:
             raise UserInputError(f"--hf-config given, but {name} is not a transformers model class "
                                  "(it has no config_class); drop --hf-config or point at one")
-        kwargs = {"config": config_class(**{**hf_config, **kwargs})}
+        call_kwargs = {"config": config_class(**{**hf_config, **given})}
     program = _target_of(source, name)
+    # the model's own error names the options that fed its constructor, when any did
+    options = [o for o, used in (("--kwargs", bool(given)), ("--hf-config", hf_config is not None)) if used]
+    hint = f"; check {' and '.join(options)}" if options else ""
+    build = functools.partial(source, **call_kwargs)
+    with _argv(program):
+        built = _build_with_fallbacks(build, program, hint, device)
+    if not isinstance(built.module, nn.Module):
+        raise UserInputError(f"{name}(...) returned a {type(built.module).__name__}, not an "
+                             "nn.Module; point TARGET at a class or a factory of nn.Modules")
+    return built
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltModel:
+    """``construct_model``'s result."""
+
+    module: nn.Module
+    note: str | None  # how it was built, when not on the meta device (for the report)
+
+
+def _build_with_fallbacks(build: Callable[[], Any], program: str, hint: str, device: str) -> BuiltModel:
+    """On the meta device, else under fake tensors, else with real CPU tensors under the limit."""
+    with _model_errors(program, hint):
+        try:
+            return BuiltModel(on_meta(build, device), None)
+        except Exception as exc:
+            if not reads_values(exc):
+                raise
+            reason = first_line(exc)
+    why = f"{program} reads tensor values while it is built, which the meta device cannot answer ({reason})"
+    with _model_errors(program, hint, why):
+        with contextlib.suppress(Exception):  # then a real build says whether the fault is the model's
+            return BuiltModel(on_fake(build, device),
+                              f"{why}; it was built with fake tensors instead (sizes without values, no memory taken)")
+        model, created = on_cpu(build, device, REAL_BUILD_LIMIT_BYTES)
+        return BuiltModel(model, f"{why}; it was built once with real tensors on the CPU ({format_bytes(created)} "
+                                 f"created, the limit is {format_bytes(REAL_BUILD_LIMIT_BYTES)}), then moved to the "
+                                 "meta device")
+    raise AssertionError(f"_build_with_fallbacks: no model and no error for {program}")
+
+
+@contextlib.contextmanager
+def _model_errors(program: str, hint: str, why: str = "") -> Iterator[None]:
+    """The constructor's failures as graphmem errors naming the model (``why``: the meta
+    device's failure, for a real build stopped at the limit)."""
     try:
-        with _argv(program), cuda_calls_on_cpu(device, tensors_on="meta"), torch.device("meta"):
-            model = source(**kwargs)
+        yield
     except SystemExit as exc:
         raise UserInputError(f"{program} exited during construction: {_exited(exc)}; {_EXIT_HINT}") from exc
+    except TooLarge as exc:
+        raise UnsupportedError(
+            f"{why}, and building it with real tensors on the CPU would create {format_bytes(exc.nbytes)} "
+            f"or more, past graphmem's limit of {format_bytes(REAL_BUILD_LIMIT_BYTES)} for such builds; compute "
+            "sizes with Python numbers instead of tensors, or point TARGET at a module instance your file "
+            "builds (file.py:model, with model = Net(...) at module level)") from None
     except Exception as exc:
-        raise UserInputError(f"building {name}(**{kwargs!r}) failed: {type(exc).__name__}: "
-                             f"{exc}; check --kwargs") from exc
-    if not isinstance(model, nn.Module):
-        raise UserInputError(f"{name}(...) returned a {type(model).__name__}, not an "
-                             "nn.Module; point TARGET at a class or a factory of nn.Modules")
-    return model
+        raise UserInputError(f"{program} could not be built: {type(exc).__name__}: {exc}{hint}") from exc
+
+
+# A model whose constructor needs real values is built once on the CPU; past this many bytes of
+# tensors created the build is stopped (before the allocation, for torch's factory functions).
+REAL_BUILD_LIMIT_BYTES = 2 * 2**30
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
 from graphmem.job.spec import parse_dtype
 
@@ -68,6 +69,8 @@ class ParallelSpec:
         microbatches: with pp: the microbatches one step's batch is split into (None: the
             pipeline degree); the batch must divide evenly.
         schedule: with pp: ``gpipe`` (ScheduleGPipe) or ``1f1b`` (Schedule1F1B).
+        nccl_buffer_mb: on the CUDA target, MiB of NCCL's own buffers per communicator
+            (outside PyTorch's caching allocator; default and derivation in graphmem.cuda.nccl).
     """
 
     degrees: tuple[tuple[str, int], ...]
@@ -81,6 +84,7 @@ class ParallelSpec:
     parallelize: str | Callable[..., Any] | None = None
     microbatches: int | None = None
     schedule: str = "1f1b"
+    nccl_buffer_mb: float = DEFAULT_NCCL_BUFFER_MB
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.degrees]
@@ -97,6 +101,8 @@ class ParallelSpec:
                                  "ddp,fsdp (HSDP) and fsdp,tp (2-D)")
         if self.bucket_mb <= 0:
             raise UserInputError(f"--ddp-bucket-mb must be positive, got {self.bucket_mb}")
+        if not self.nccl_buffer_mb >= 0:  # (also refuses NaN)
+            raise UserInputError(f"--nccl-buffer-mb must be 0 or more, got {self.nccl_buffer_mb}")
         if isinstance(self.tp_plan, Mapping):
             bad = {k: v for k, v in self.tp_plan.items() if isinstance(v, str) and v not in TP_STYLES}
             if bad:
@@ -137,6 +143,21 @@ class ParallelSpec:
     def n_microbatches(self) -> int:
         """The microbatches of one pipeline step (``microbatches``, else the pipeline degree)."""
         return self.microbatches if self.microbatches is not None else self.degree("pp")
+
+    @property
+    def communicators(self) -> int:
+        """NCCL communicators one rank holds: one per process group its collectives use (each
+        strategy of degree > 1: a 2-D mesh has one group per dimension).  A pipeline stage sends
+        and receives over a two-rank communicator per neighbouring stage (ProcessGroupNCCL keys a
+        lone send or receive by the pair of ranks; the schedules issue them alone when a batch is
+        all sends or all receives, torch/distributed/pipelining/schedules.py ``_batch_p2p``) and
+        over its group's own for mixed batches: 2 with pp=2, 3 from pp=3 on (a first or last
+        stage has one neighbour: one too many there)."""
+        count = 0
+        for name, degree in self.degrees:
+            if degree > 1:
+                count += min(degree - 1, 2) + 1 if name == "pp" else 1
+        return count
 
     @property
     def shards(self) -> bool:

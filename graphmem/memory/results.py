@@ -12,6 +12,7 @@ from enum import StrEnum, unique
 
 from graphmem.cuda.allocator import AllocatorStats
 from graphmem.cuda.gpus import GPU
+from graphmem.job.finetune import TrainedParameters
 from graphmem.trace.records import Trace
 
 __all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "RankReport", "GenerateReport",
@@ -138,6 +139,7 @@ class MemoryReport:
     generate: GenerateReport | None = None  # --generate: inference with a KV cache
     parallel: str | None = None  # --parallel: the strategies and degrees, e.g. "fsdp=8"
     loss: str | None = None  # training: the --loss the step used
+    trained: TrainedParameters | None = None  # training: how many parameters train (--freeze, --lora)
 
     @property
     def ratio(self) -> float | None:

@@ -2,7 +2,8 @@
 
 Input: what was analysed (target, inputs, device, GPU, mode) and, when there is one, the
 MemoryReport.  Output: a title line and a two-column block: the model, its parameter count
-and dtypes, the inputs, the optimizer (training) and the device.
+and dtypes, how many of them train (when not all do), the inputs, the optimizer (training)
+and the device.
 
 The parameter count is taken from the trace's storages with the parameter role: elements =
 bytes / the dtype's item size, each storage once (tied weights share one).  With
@@ -80,6 +81,11 @@ def render_header(title: str, target: str, inputs: Sequence[str], device: str, *
     if modes:
         rows.append(["parameters", _count_text(parameter_count(modes[0]), modes[0].params_bytes, fmt)
                      + (" (on the rank shown)" if parallel else "")])
+    trained = report.trained if report and report.train else None
+    if trained is not None and (trained.how or trained.trainable < trained.total):
+        share = f"{100 * trained.trainable / trained.total:.2f}%" if trained.total else "0%"
+        rows.append(["trained", f"{trained.trainable:,} of {trained.total:,} parameters ({share})"
+                     + (f"; {trained.how}" if trained.how else "")])
     if inputs:
         rows.append(["inputs", _inputs_text(inputs)])
     if mode is not None:

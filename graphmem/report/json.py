@@ -63,6 +63,9 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> di
         data["inference"] = _mode_to_dict(report.inference)
     if report.train is not None:
         data["train"] = _mode_to_dict(report.train)
+    if report.train is not None and report.trained is not None:
+        data["train"].update(trainable_parameters=report.trained.trainable,
+                             total_parameters=report.trained.total)
     if report.train_without_checkpoint is not None:
         data["train_without_checkpoint"] = _mode_to_dict(report.train_without_checkpoint)
     for key in ("inference", "train"):

@@ -49,7 +49,8 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
                             "breakdown": {str(k): v for k, v in m.breakdown.items()}}
     if m.allocator is not None:
         data.update(allocated_peak_bytes=m.allocator.allocated_peak_bytes,
-                    reserved_peak_bytes=m.allocator.reserved_peak_bytes)
+                    reserved_peak_bytes=m.allocator.reserved_peak_bytes,
+                    nccl_buffer_bytes=m.allocator.nccl_buffer_bytes)
     return data
 
 

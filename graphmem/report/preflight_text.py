@@ -67,7 +67,16 @@ def check_to_dict(result: CheckResult, context: Context) -> dict[str, Any]:
             "peak_bytes": result.peak_bytes, "required_bytes": result.required_bytes,
             **_budget_dict(result.budget), "headroom_bytes": max(result.headroom_bytes, 0),
             "shortfall_bytes": max(-result.headroom_bytes, 0),
-            "reserved_peak_bytes": result.reserved_peak_bytes}
+            "reserved_peak_bytes": result.reserved_peak_bytes,
+            **({"nccl_buffer_bytes": nccl} if (nccl := _nccl_buffer_bytes(result.report)) is not None else {})}
+
+
+def _nccl_buffer_bytes(report: MemoryReport | None) -> int | None:
+    """NCCL's own buffers on one GPU, on the CUDA target with --parallel (None otherwise)."""
+    if report is None or report.parallel is None:
+        return None
+    stats = [m.allocator for m in (report.inference, report.train) if m is not None and m.allocator is not None]
+    return max((s.nccl_buffer_bytes for s in stats), default=None)
 
 
 def render_check_table(result: CheckResult, context: Context, units: str = "auto") -> str:
@@ -79,6 +88,10 @@ def render_check_table(result: CheckResult, context: Context, units: str = "auto
     if result.reserved_peak_bytes is not None:
         rows.append(["reserved peak", fmt(result.reserved_peak_bytes),
                      "torch.cuda.max_memory_reserved (nvidia-smi adds the CUDA context)"])
+    nccl = _nccl_buffer_bytes(result.report)
+    if nccl is not None:
+        rows.append(["NCCL buffers", fmt(nccl), "NCCL's own, outside PyTorch's allocator: not in the peak, "
+                                                "but nvidia-smi counts them (--nccl-buffer-mb)"])
     share = abs(result.headroom_bytes) / result.budget.total_bytes
     verdict = (f"FITS: {fmt(result.headroom_bytes)} headroom ({share:.1%} of the budget)" if result.fits else
                f"DOES NOT FIT: short by {fmt(-result.headroom_bytes)} ({share:.1%} of the budget); "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -21,7 +21,11 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
+
+from graphmem.trace.rules import rules_for
+from graphmem.trace.rules.registry import ArgMeta
 
 __all__ = [
     "DATA_DEPENDENT_ERRORS",
@@ -49,9 +53,36 @@ if tuple(int(p) for p in torch.__version__.split(".")[:2]) < MIN_TORCH:  # pragm
 DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 
 
+def _arg_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride()))
+    return value
+
+
+class _FakeTensorMode(FakeTensorMode):
+    """FakeTensorMode with some meta kernels replaced by graphmem's ``fake_kernel`` rules
+    (graphmem.trace.rules): where torch's meta kernel refuses inputs the real kernel accepts.
+    The rule sees metadata only; its answer becomes fake outputs on the inputs' device."""
+
+    def __init__(self, kernels: Mapping[torch._ops.OpOverload, Any]) -> None:
+        super().__init__(allow_non_fake_inputs=False)
+        self._kernels = kernels
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kernel = self._kernels.get(func)
+        if kernel is None:
+            return super().dispatch(func, types, args, kwargs or {})
+        device = next(t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
+        out = kernel(tree_map(_arg_meta, tuple(args)), tree_map(_arg_meta, dict(kwargs or {})))
+        with self:
+            return tree_map(lambda m: torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=device)
+                            if isinstance(m, ArgMeta) else m, out)
+
+
 def new_fake_mode() -> FakeTensorMode:
-    """A FakeTensorMode that refuses real tensors, so no real memory can sneak in."""
-    return FakeTensorMode(allow_non_fake_inputs=False)
+    """A FakeTensorMode that refuses real tensors, so no real memory can sneak in, and runs
+    graphmem's ``fake_kernel`` rules in place of the meta kernels they replace."""
+    return _FakeTensorMode(rules_for("cpu").fake_kernels)  # fake tensors live on the CPU
 
 
 def to_fake(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> torch.Tensor:

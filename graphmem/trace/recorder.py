@@ -7,7 +7,12 @@ reference and notes the op after which the storage was released.  Releases come 
 same reference counting that frees memory in a real run (Python references, autograd's
 saved tensors, the optimizer's state), so they are observed, not guessed.
 
-Only the recorder holds weak references; it never keeps a tensor alive.
+Only the recorder holds weak references; it never keeps a tensor alive.  A storage can only
+be released when a tensor that uses it dies, so each tensor the recorder sees carries a weak
+reference whose callback flags its storage, and only flagged storages are checked after an op:
+recording costs time linear in the number of ops, however many storages are live.
+(``GRAPHMEM_CHECK_EVERY_STORAGE=1`` checks every live storage after every op instead; the
+tests compare the two.)
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import operator
+import os
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +30,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from graphmem import interrupts
 from graphmem.errors import TraceError, UserInputError
 from graphmem.trace._torch_api import (
     DATA_DEPENDENT_ERRORS,
@@ -37,7 +45,7 @@ from graphmem.trace._torch_api import (
 )
 from graphmem.trace.parallel import local_tensor
 from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
-from graphmem.trace.rules.registry import ArgMeta, RuleTable, scratch_bytes
+from graphmem.trace.rules.registry import ArgMeta, RuleTable, output_shapes, scratch_bytes
 from graphmem.trace.values import Shadows
 
 __all__ = ["Recorder"]
@@ -132,6 +140,9 @@ class Recorder(TorchDispatchMode):
         self._rules = rules
         self._live: dict[int, _Storage] = {}  # storage cdata -> record, for unreleased storages
         self._polled: set[int] = set()  # the unreleased storages that may be released
+        self._watched: dict[int, weakref.ref[torch.Tensor]] = {}  # id(tensor) -> ref that flags its storage
+        self._dropped: list[int] = []  # storages one of whose tensors died since the last poll
+        self._check_all = os.environ.get("GRAPHMEM_CHECK_EVERY_STORAGE") == "1"
         self._nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> fx node
         self._seq_starts: list[int] = []  # autograd sequence nr -> module, for backward ops
         self._seq_modules: list[str] = []
@@ -156,7 +167,23 @@ class Recorder(TorchDispatchMode):
             self.storages.append(rec)
             self._live[cdata] = rec
             self._polled.add(cdata)
+        self._watch(t, cdata)
         return rec
+
+    def _watch(self, t: torch.Tensor, cdata: int) -> None:
+        """Flag ``cdata`` for the next poll when ``t`` dies (its storage may die with it)."""
+        key = id(t)
+        ref = self._watched.get(key)
+        if ref is not None and ref() is t:
+            return
+        dropped, watched = self._dropped, self._watched
+
+        def died(dead: weakref.ref[torch.Tensor]) -> None:
+            dropped.append(cdata)
+            if watched.get(key) is dead:
+                del watched[key]
+
+        self._watched[key] = weakref.ref(t, died)
 
     def mark(self, t: torch.Tensor, role: Role, label: str = "", owner: str = "") -> None:
         """Give ``t``'s storage a role (parameter, gradient, saved, ...), a name, and the
@@ -195,17 +222,23 @@ class Recorder(TorchDispatchMode):
         node = self.graph.placeholder(name.replace(".", "_"))
         self._nodes[t] = node
 
-    def poll(self) -> None:
+    def poll(self, everything: bool = False) -> None:
         """Note every storage released since the last op: it was live until that op.
 
-        Parameters, buffers and inputs are not polled: graphmem holds them for the whole
-        step.  The check is the C call behind StorageWeakRef.expired, on each weak
-        reference's handle (valid while the record holds its StorageWeakRef)."""
+        Checked: the storages one of whose tensors died since the last poll (``everything``:
+        all unreleased ones).  Parameters, buffers and inputs are not polled: graphmem holds
+        them for the whole step.  The check is the C call behind StorageWeakRef.expired, on
+        each weak reference's handle (valid while the record holds its StorageWeakRef)."""
         last = len(self.ops) - 1
-        dead = [cdata for cdata in self._polled if storage_expired(cdata)]
-        for cdata in dead:
-            self._polled.discard(cdata)
-            self._live.pop(cdata).released = last
+        if everything or self._check_all:
+            candidates: Any = list(self._polled)
+            self._dropped.clear()
+        else:
+            candidates, self._dropped[:] = list(self._dropped), []
+        for cdata in candidates:
+            if cdata in self._polled and storage_expired(cdata):
+                self._polled.discard(cdata)
+                self._live.pop(cdata).released = last
 
     # -- modules ----------------------------------------------------------------------
     def current_module(self, in_sids: tuple[int, ...]) -> str:
@@ -280,6 +313,7 @@ class Recorder(TorchDispatchMode):
             kwargs = {**kwargs, "device": _FAKES_ON}  # the fakes live on the CPU (graphmem.job.devices)
         if self._silent or func.namespace in ("prim", "profiler"):  # device queries, profiler marks
             return func(*args, **kwargs)
+        interrupts.check()  # a safe point for Ctrl-C (graphmem.interrupts): an op about to be recorded
         self.poll()
         index = len(self.ops)
         in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
@@ -365,12 +399,19 @@ class Recorder(TorchDispatchMode):
         return scratch_bytes(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
 
     def _fix_dtypes(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
-        """Apply an output_dtypes rule: re-create outputs in the real kernel's dtype."""
-        rule = self._rules.output_dtypes.get(func)
-        if rule is None or not isinstance(out, tuple):
+        """Apply an op's output_dtypes and output_shapes rules: re-create outputs in the real
+        kernel's dtype, then with the real kernel's size."""
+        dtype_rule, shape_rule = self._rules.output_dtypes.get(func), self._rules.output_shapes.get(func)
+        if (dtype_rule is None and shape_rule is None) or not isinstance(out, tuple):
             return out
-        fixes = rule(tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
-        return tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
+        meta_args, meta_kwargs = tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs))
+        if dtype_rule is not None:
+            fixes = dtype_rule(meta_args, meta_kwargs)
+            out = tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
+        if shape_rule is not None:
+            shapes = output_shapes(shape_rule, meta_args, meta_kwargs)
+            out = tuple(t.new_empty(shapes[i]) if i in shapes else t for i, t in enumerate(out))
+        return out
 
     def _add_node(self, func: Any, args: Any, kwargs: Any, out: Any) -> torch.fx.Node:
         node_args, node_kwargs = tree_map(self._node_of, (tuple(args), dict(kwargs)))

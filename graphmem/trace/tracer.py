@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -148,7 +149,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                                       target, autocast, zero=bool(parallel and parallel.degree("zero1") > 1))
                     else:
                         kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
-                recorder.poll()
+                recorder.poll(everything=True)
     notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes),
@@ -305,6 +306,9 @@ def _check_pipeline(mode: str, step: StepConfig) -> None:
                              "use --microbatches instead of --grad-accum")
     if step.amp is not None:
         raise UnsupportedError("--parallel pp with --amp is not modelled yet")
+    # imported before recording, as a trainer imports it: the import makes a 4-byte module
+    # constant (the losses' sum reducer) that is no part of the step
+    importlib.import_module("torch.distributed.pipelining")
 
 
 class _Pipeline:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from graphmem.cli import main
 from tests.conftest import ROOT
 
-DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers.md")
+DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers.md", "docs/finetuning.md")
 # placeholders a reader fills in, not runnable as written
 _TEMPLATES = ("$", "path/to/", "train.py:")
 
@@ -51,6 +51,8 @@ def _shown_outputs() -> list[tuple[str, str, list[str]]]:
 
 
 def _run(command: str) -> tuple[int, str]:
+    if "--lora" in command:
+        pytest.importorskip("peft", reason="peft is not installed (pip install graphmem[lora])")
     result = CliRunner().invoke(main, shlex.split(command)[1:])
     return result.exit_code, result.stdout
 

@@ -8,11 +8,6 @@ import graphmem
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs
 
-# Known deviation, stated: LSTM training on CPU runs oneDNN (mkldnn_rnn_layer), whose real
-# kernel returns a workspace of oneDNN's own size; the meta kernel returns an empty one.
-_KNOWN_DEVIATIONS = {"lstm": "oneDNN LSTM workspace: the meta kernel of mkldnn_rnn_layer returns 0 bytes"}
-
-
 
 @pytest.mark.parametrize("model", ZOO, ids=lambda m: m.name)
 def test_inference_peak_matches_real_execution(model: ZooModel) -> None:
@@ -25,8 +20,6 @@ def test_inference_peak_matches_real_execution(model: ZooModel) -> None:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("model", ZOO, ids=lambda m: m.name)
 def test_training_peak_matches_real_execution(model: ZooModel, optimizer: str) -> None:
-    if model.name in _KNOWN_DEVIATIONS:
-        pytest.xfail(_KNOWN_DEVIATIONS[model.name])
     measured = measure_training(model.build, real_inputs(model.inputs, model.int_high),
                                 OPTIMIZERS[optimizer], model.loss)
     predicted = graphmem.analyze(model.build, model.inputs, mode="train", optimizer=optimizer,

@@ -1,18 +1,30 @@
 """Per-op knowledge: the one registry of rules, keyed by aten op overload.
 
-A rule answers what the recorded graph cannot show.  Two kinds, both pure functions of the
+A rule answers what the recorded graph cannot show.  Four kinds, all pure functions of the
 op's tensor metadata and non-tensor arguments (they never see a tensor):
 
   - ``scratch``: bytes an op's kernel allocates for itself while it runs (workspace) and
     frees before it returns -> int bytes;
   - ``output_dtypes``: where the device's real kernel returns an output in another dtype
-    than the fake kernel does -> {output index: dtype}.
+    than the fake kernel does -> {output index: dtype};
+  - ``output_shapes``: where the device's real kernel returns an output of another size
+    than the fake kernel does (a library workspace the meta kernel leaves empty)
+    -> {output index: shape};
+  - ``fake_kernel``: where torch's meta kernel refuses inputs the real kernel accepts (so
+    no output exists to fix), or lays the output out otherwise
+    -> the output's ``ArgMeta`` (shape, dtype, strides) as the
+    real kernel makes it, raising the real kernel's error for inputs it refuses.  Fake
+    tensors live on the CPU, so the fake tensor mode (graphmem.trace._torch_api) runs the
+    ``cpu`` ones, in place of the meta kernel, for every target.
 
     @register(aten.mm.default, device="cuda")
     def mm_workspace(args: tuple[ArgMeta, ...], kwargs: dict) -> int: ...
 
     @register(aten.native_batch_norm.default, device="cpu", kind="output_dtypes")
     def mixed_type_stats(args, kwargs) -> dict[int, torch.dtype]: ...
+
+    @register(aten.mkldnn_rnn_layer.default, device="cpu", kind="output_shapes")
+    def onednn_lstm_workspace(args, kwargs) -> dict[int, tuple[int, ...]]: ...
 
 Nothing but ``register`` writes to the table.  Users extend with a mapping passed to
 ``graphmem.analyze(rules=...)``, never by mutating this module.
@@ -26,7 +38,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArgMeta", "Rule", "RuleTable", "register", "rules_for", "scratch_bytes"]
+__all__ = ["ArgMeta", "Rule", "RuleTable", "output_shapes", "register", "rules_for", "scratch_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +50,11 @@ class ArgMeta:
     stride: tuple[int, ...]
 
 
-# scratch rules return int bytes; output_dtypes rules return {output index: dtype}
+# scratch rules return int bytes; output_dtypes rules return {output index: dtype};
+# output_shapes rules return {output index: shape}; fake_kernel rules return an ArgMeta
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
-KINDS = ("scratch", "output_dtypes")
+KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel")
 _RULES: dict[tuple[str, str, torch._ops.OpOverload], Rule] = {}
 
 
@@ -51,6 +64,8 @@ class RuleTable:
 
     scratch: Mapping[torch._ops.OpOverload, Rule]
     output_dtypes: Mapping[torch._ops.OpOverload, Rule]
+    output_shapes: Mapping[torch._ops.OpOverload, Rule]
+    fake_kernels: Mapping[torch._ops.OpOverload, Rule]
 
 
 def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
@@ -79,10 +94,13 @@ def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -
 
 def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None) -> RuleTable:
     """The rules for ``device``; ``extra`` adds or overrides scratch rules."""
-    scratch = {op: fn for (dev, kind, op), fn in _RULES.items() if dev == device and kind == "scratch"}
+    def of(wanted: str) -> dict[torch._ops.OpOverload, Rule]:
+        return {op: fn for (dev, kind, op), fn in _RULES.items() if dev == device and kind == wanted}
+
+    scratch = of("scratch")
     scratch.update(extra or {})
-    dtypes = {op: fn for (dev, kind, op), fn in _RULES.items() if dev == device and kind == "output_dtypes"}
-    return RuleTable(scratch=scratch, output_dtypes=dtypes)
+    return RuleTable(scratch=scratch, output_dtypes=of("output_dtypes"), output_shapes=of("output_shapes"),
+                     fake_kernels=of("fake_kernel"))
 
 
 def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
@@ -91,4 +109,15 @@ def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) 
     if not isinstance(result, int) or result < 0:
         raise AssertionError(f"scratch_bytes: rule {rule.__qualname__} returned {result!r}, "
                              "expected a non-negative int")
+    return result
+
+
+def output_shapes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
+    """Call an ``output_shapes`` rule on metadata and check its answer: {output index: shape}."""
+    result = rule(args, kwargs)
+    if not isinstance(result, dict) or not all(
+            isinstance(i, int) and i >= 0 and isinstance(shape, tuple)
+            and all(isinstance(n, int) and n >= 0 for n in shape) for i, shape in result.items()):
+        raise AssertionError(f"output_shapes: rule {rule.__qualname__} returned {result!r}, "
+                             "expected {output index: tuple of non-negative ints}")
     return result

@@ -1,0 +1,84 @@
+"""Every op the zoo's training steps run, on fake tensors with graphmem's rules applied, gives
+outputs of the same sizes as the real CPU kernel: a meta kernel whose output is smaller (an
+empty library workspace) or larger than the real one fails here, naming the op."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from graphmem.trace._torch_api import DATA_DEPENDENT_ERRORS, new_fake_mode
+from graphmem.trace.rules import rules_for
+from graphmem.trace.rules.registry import ArgMeta, output_shapes
+from tests.models import ZOO, ZooModel
+from tests.oracles import OPTIMIZERS, measure_training, real_inputs
+
+_RULES = rules_for("cpu")
+
+
+def _meta(value: Any) -> Any:
+    return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride())) if isinstance(value, torch.Tensor) else value
+
+
+def _fake_outputs(func: Any, args: Any, kwargs: Any) -> Any:
+    """``func`` on fake copies of its inputs, with the rules' output fixes applied as the
+    recorder applies them; None when the fake kernel needs the values (an ``item()``)."""
+    mode = new_fake_mode()
+    fake_args, fake_kwargs = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
+                                      (args, kwargs))
+    try:
+        with mode:
+            out = func(*fake_args, **fake_kwargs)
+            if isinstance(out, tuple):
+                meta_args, meta_kwargs = tree_map(_meta, (tuple(args), dict(kwargs)))
+                dtype_rule, shape_rule = _RULES.output_dtypes.get(func), _RULES.output_shapes.get(func)
+                if dtype_rule is not None:
+                    fixes = dtype_rule(meta_args, meta_kwargs)
+                    out = tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
+                if shape_rule is not None:
+                    shapes = output_shapes(shape_rule, meta_args, meta_kwargs)
+                    out = tuple(t.new_empty(shapes[i]) if i in shapes else t for i, t in enumerate(out))
+    except DATA_DEPENDENT_ERRORS:
+        return None
+    return out
+
+
+def _nbytes(out: Any) -> list[int | None]:
+    return [t.untyped_storage().nbytes() if isinstance(t, torch.Tensor) else None for t in tree_flatten(out)[0]]
+
+
+class _Compare(TorchDispatchMode):
+    """Runs each op that makes new outputs for real and on fakes; notes each op type whose
+    output sizes differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wrong: dict[str, tuple[list[int | None], list[int | None]]] = {}
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return out  # a view or an in-place op: its output is an input's storage, no new memory
+        self.ops.add(str(func))
+        fake = _fake_outputs(func, args, kwargs)
+        if fake is not None:
+            real_sizes, fake_sizes = _nbytes(out), _nbytes(fake)
+            if any(r is not None and f is not None and r != f for r, f in zip(real_sizes, fake_sizes, strict=False)):
+                self.wrong.setdefault(str(func), (real_sizes, fake_sizes))
+        return out
+
+
+@pytest.mark.parametrize("model", ZOO, ids=lambda m: m.name)
+def test_rules_give_every_zoo_op_its_real_output_size(model: ZooModel) -> None:
+    compare = _Compare()
+    with compare:
+        measure_training(model.build, real_inputs(model.inputs, model.int_high), OPTIMIZERS["adam"], model.loss,
+                         iterations=1)
+    assert compare.ops, "no op was seen"
+    assert not compare.wrong, f"op: (real output bytes, fake output bytes): {compare.wrong}"
