@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from graphmem import interrupts
+from graphmem import interrupts, progress
 from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.errors import UserInputError
@@ -91,6 +91,7 @@ def analyze(job: Job | str | ModelSource | None = None,
     if job.model is None:
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     source = resolve_target(job.model) if isinstance(job.model, str) else job.model
+    progress.show(f"building {job.target_name}")
     built = construct_model(source, job.model_kwargs, job.hf_config, device=job.device)
     module = prepare_finetuning(built.module, job.freeze, job.lora, dtype=job.dtype,
                                 owned=not isinstance(source, torch.nn.Module))
@@ -103,9 +104,12 @@ def analyze(job: Job | str | ModelSource | None = None,
 
     def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
         kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
+        what = {"train": "the training step", "inference": "inference"}.get(m, m)
+        progress.show(f"recording {what}" + (f" on rank {rank}" if job.parallel is not None else ""))
         trace = trace_step(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
                            rules=table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
         interrupts.check()
+        progress.show(f"analysing {len(trace.ops):,} ops")
         report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
         interrupts.check()
         report = replace(report, assumptions=(*report.assumptions, *built_notes))

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from graphmem.cli.process import user_output_to_stderr
+from graphmem.cli.process import set_progress, user_output_to_stderr
 from graphmem.cuda.gpus import GPUS
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
@@ -224,7 +224,7 @@ def job_options(modes: Sequence[str], default_mode: str) -> Callable[[F], F]:
 
 
 def output_options(formats: Sequence[str]) -> Callable[[F], F]:
-    """Add --format (these choices), --units, --output and --debug to a command."""
+    """Add --format (these choices), --units, --output, --debug and --progress to a command."""
     def add(command: F) -> F:
         params = [
             click.Option(["--format", "fmt"], type=click.Choice(list(formats)), default="table", show_default=True,
@@ -235,6 +235,8 @@ def output_options(formats: Sequence[str]) -> Callable[[F], F]:
                          callback=lambda c, p, v: _destination(p, v),
                          help="Write the report to this file instead of standard output (whole or not at all)."),
             click.Option(["--debug"], is_flag=True, help="Show the full traceback on errors."),
+            click.Option(["--progress/--no-progress"], default=None, expose_value=False, callback=set_progress,
+                         help="Phase lines on stderr for work longer than two seconds  [default: on a terminal]."),
         ]
         command.__click_params__ = [*getattr(command, "__click_params__", []), *reversed(params)]  # type: ignore[attr-defined]
         return command

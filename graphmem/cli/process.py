@@ -15,6 +15,9 @@ runs every command so that:
   only.  With ``--format json`` stdout carries exactly one JSON document, also on failure:
   ``{"error": {"kind": ..., "message": ..., "exit_code": N}}``.
 - A closed stdout (``graphmem analyze ... | head -1``) ends the command quietly with 141.
+- Progress (graphmem.progress) goes to stderr: on a terminal, one line rewritten in place once
+  the command has run for two seconds, cleared at the end; elsewhere only with --progress, one
+  line each.  Never on stdout.
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import click
 
-from graphmem import interrupts
+from graphmem import interrupts, progress
 from graphmem.cli.exit_codes import CLOSED_PIPE, INTERRUPTED, CommandError, CommandExit, as_command_error
 
-__all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "user_output_to_stderr"]
+__all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "set_progress", "user_output_to_stderr"]
+
+PROGRESS_AFTER_S = 2.0  # work shorter than this shows no progress
 
 
 class _ClosedStdout(Exception):
@@ -46,6 +52,47 @@ class _Run:
 
     interrupted = False   # a SIGINT arrived, whether or not its KeyboardInterrupt got through
     wrote_stdout = False  # the result started going to stdout: no error document may follow
+    progress: bool | None = None  # --progress / --no-progress; None: on a terminal only
+
+
+def set_progress(ctx: Any, param: Any, value: bool | None) -> None:
+    """The --progress/--no-progress callback."""
+    _Run.progress = value
+
+
+class _StderrProgress:
+    """graphmem.progress's sink for a command (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.in_place = False  # a line is on the terminal, to be rewritten or cleared
+
+    def __call__(self, text: str) -> None:
+        terminal = _isatty(sys.stderr)
+        if not (_Run.progress if _Run.progress is not None else terminal):
+            return
+        if time.monotonic() - self.start < PROGRESS_AFTER_S:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if terminal:
+                sys.stderr.write(f"\r\x1b[Kgraphmem: {text}")
+                self.in_place = True
+            else:
+                sys.stderr.write(f"graphmem: {text}\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.in_place:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -143,9 +190,15 @@ class GraphmemGroup(click.Group):
         if not standalone_mode:  # a caller that handles errors itself gets click's behaviour
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         argv = list(sys.argv[1:] if args is None else args)
+        _Run.progress = None
+        sink = _StderrProgress()
         with _interrupts_recorded():
             try:
-                code = super().main(argv, prog_name, complete_var, False, **extra)
+                with progress.shown_on(sink):
+                    try:
+                        code = super().main(argv, prog_name, complete_var, False, **extra)
+                    finally:
+                        sink.close()
                 raise_if_interrupted()
             except SystemExit:
                 if _Run.interrupted:

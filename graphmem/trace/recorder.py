@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem import interrupts
+from graphmem import interrupts, progress
 from graphmem.errors import TraceError, UserInputError
 from graphmem.trace._torch_api import (
     DATA_DEPENDENT_ERRORS,
@@ -48,7 +48,7 @@ from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, output_shapes, scratch_bytes
 from graphmem.trace.values import Shadows
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "fixed_outputs"]
 
 _READ = torch.ops.aten._local_scalar_dense.default
 _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
@@ -56,6 +56,7 @@ _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 # real run input and output are one tensor, so only the output is counted.
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
 _FAKES_ON = torch.device("cpu")
+_PROGRESS_EVERY = 4096  # recorded ops between progress lines
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # ops whose real kernel returns its input tensor itself, where the fake kernel makes a new one
@@ -68,6 +69,22 @@ def _to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride()))
     return value
+
+
+def fixed_outputs(rules: RuleTable, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+    """``out`` with the op's output_dtypes and output_shapes rules applied: outputs re-created
+    in the real kernel's dtype, then with the real kernel's size."""
+    dtype_rule, shape_rule = rules.output_dtypes.get(func), rules.output_shapes.get(func)
+    if (dtype_rule is None and shape_rule is None) or not isinstance(out, tuple):
+        return out
+    meta_args, meta_kwargs = tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs))
+    if dtype_rule is not None:
+        fixes = dtype_rule(meta_args, meta_kwargs)
+        out = tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
+    if shape_rule is not None:
+        shapes = output_shapes(shape_rule, meta_args, meta_kwargs)
+        out = tuple(t.new_empty(shapes[i]) if i in shapes else t for i, t in enumerate(out))
+    return out
 
 
 def _fresh_outputs(func: Any, out: Any) -> Any:
@@ -334,6 +351,8 @@ class Recorder(TorchDispatchMode):
                 self.storages[sid].roles.add(Role.COMMUNICATION)
         node = self._add_node(func, args, kwargs, out)
         recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
+        if index % _PROGRESS_EVERY == 0 and progress.active():
+            progress.show(f"recording: iteration {self.iteration + 1}, {self.phase.value}, {index:,} ops")
         self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
                                  outputs=out_sids, scratch_bytes=scratch,
@@ -399,19 +418,8 @@ class Recorder(TorchDispatchMode):
         return scratch_bytes(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
 
     def _fix_dtypes(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
-        """Apply an op's output_dtypes and output_shapes rules: re-create outputs in the real
-        kernel's dtype, then with the real kernel's size."""
-        dtype_rule, shape_rule = self._rules.output_dtypes.get(func), self._rules.output_shapes.get(func)
-        if (dtype_rule is None and shape_rule is None) or not isinstance(out, tuple):
-            return out
-        meta_args, meta_kwargs = tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs))
-        if dtype_rule is not None:
-            fixes = dtype_rule(meta_args, meta_kwargs)
-            out = tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
-        if shape_rule is not None:
-            shapes = output_shapes(shape_rule, meta_args, meta_kwargs)
-            out = tuple(t.new_empty(shapes[i]) if i in shapes else t for i, t in enumerate(out))
-        return out
+        """Apply an op's output_dtypes and output_shapes rules (``fixed_outputs``)."""
+        return fixed_outputs(self._rules, func, args, kwargs, out)
 
     def _add_node(self, func: Any, args: Any, kwargs: Any, out: Any) -> torch.fx.Node:
         node_args, node_kwargs = tree_map(self._node_of, (tuple(args), dict(kwargs)))

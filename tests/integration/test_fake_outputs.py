@@ -12,16 +12,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from graphmem.trace._torch_api import DATA_DEPENDENT_ERRORS, new_fake_mode
+from graphmem.trace.recorder import fixed_outputs
 from graphmem.trace.rules import rules_for
-from graphmem.trace.rules.registry import ArgMeta, output_shapes
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, measure_training, real_inputs
 
 _RULES = rules_for("cpu")
-
-
-def _meta(value: Any) -> Any:
-    return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride())) if isinstance(value, torch.Tensor) else value
 
 
 def _fake_outputs(func: Any, args: Any, kwargs: Any) -> Any:
@@ -32,16 +28,7 @@ def _fake_outputs(func: Any, args: Any, kwargs: Any) -> Any:
                                       (args, kwargs))
     try:
         with mode:
-            out = func(*fake_args, **fake_kwargs)
-            if isinstance(out, tuple):
-                meta_args, meta_kwargs = tree_map(_meta, (tuple(args), dict(kwargs)))
-                dtype_rule, shape_rule = _RULES.output_dtypes.get(func), _RULES.output_shapes.get(func)
-                if dtype_rule is not None:
-                    fixes = dtype_rule(meta_args, meta_kwargs)
-                    out = tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
-                if shape_rule is not None:
-                    shapes = output_shapes(shape_rule, meta_args, meta_kwargs)
-                    out = tuple(t.new_empty(shapes[i]) if i in shapes else t for i, t in enumerate(out))
+            out = fixed_outputs(_RULES, func, fake_args, fake_kwargs, func(*fake_args, **fake_kwargs))
     except DATA_DEPENDENT_ERRORS:
         return None
     return out

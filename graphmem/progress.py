@@ -1,0 +1,37 @@
+"""Progress of long work, as short phase lines.  Shared by every stage; imports nothing of graphmem.
+
+The stages call ``show("recording the training step: backward, 12,288 ops")`` as they go;
+nothing happens unless a sink is installed (``shown_on``): the command line installs one
+that writes to stderr (graphmem.cli.process), never to stdout, so results and JSON stay clean.
+The library itself never prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+__all__ = ["active", "show", "shown_on"]
+
+_sinks: list[Callable[[str], None]] = []
+
+
+def active() -> bool:
+    """Whether anyone listens (callers skip building a message otherwise)."""
+    return bool(_sinks)
+
+
+def show(text: str) -> None:
+    """Report what is being done now (one short line, no trailing period)."""
+    if _sinks:
+        _sinks[-1](text)
+
+
+@contextlib.contextmanager
+def shown_on(sink: Callable[[str], None]) -> Iterator[None]:
+    """Send ``show`` lines to ``sink`` for the block."""
+    _sinks.append(sink)
+    try:
+        yield
+    finally:
+        _sinks.remove(sink)
