@@ -15,7 +15,8 @@ import torch
 
 from graphmem.errors import UserInputError
 
-__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "MODEL_DTYPES", "GenerateSpec", "InputSpec", "input_dims",
+__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "GenerateSpec", "InputSpec",
+           "input_dims",
            "input_symbol", "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec", "substitute",
            "validate_inputs"]
 
@@ -119,10 +120,24 @@ def parse_generate(text: str, batch: int = 1) -> GenerateSpec:
     return GenerateSpec(int(match[1]), int(match[2]), batch)
 
 
+# --assume nonzero=F: the fraction of their most that value-dependent sizes keep
+KEPT_FRACTION = "nonzero"
+
+
 def parse_assumption(text: str) -> tuple[str, str]:
-    """``NAME=ones|zeros|arange|INT`` -> (name, value)."""
+    """``NAME=ones|zeros|arange|INT`` -> (name, value); or ``nonzero=F``, F in (0, 1]: the
+    fraction of their most that value-dependent sizes (nonzero, masks, unique) keep."""
     name, sep, value = text.partition("=")
     value = value.strip().lower()
+    if name.strip() == KEPT_FRACTION:
+        try:
+            fraction = float(value)
+        except ValueError:
+            fraction = -1.0
+        if not 0 < fraction <= 1:
+            raise UserInputError(f"malformed --assume {text!r}; expected {KEPT_FRACTION}=F with F a fraction in "
+                                 "(0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
+        return KEPT_FRACTION, repr(fraction)
     if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or value.lstrip("-").isdigit()):
         raise UserInputError(f"malformed --assume {text!r}; expected NAME=VALUE with VALUE one of "
                              f"{', '.join(ASSUMPTION_KINDS)} or an integer, e.g. attention_mask=ones")

@@ -29,6 +29,7 @@ from graphmem.trace.rules.registry import ArgMeta
 
 __all__ = [
     "DATA_DEPENDENT_ERRORS",
+    "DynamicOutputShapeException",
     "FakeTensorMode",
     "StorageWeakRef",
     "TorchDispatchMode",

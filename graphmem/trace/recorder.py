@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import operator
 import os
 import weakref
@@ -34,6 +35,7 @@ from graphmem import interrupts, progress
 from graphmem.errors import TraceError, UserInputError
 from graphmem.trace._torch_api import (
     DATA_DEPENDENT_ERRORS,
+    DynamicOutputShapeException,
     StorageWeakRef,
     TorchDispatchMode,
     autograd_sequence_nr,
@@ -45,7 +47,7 @@ from graphmem.trace._torch_api import (
 )
 from graphmem.trace.parallel import local_tensor
 from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
-from graphmem.trace.rules.registry import ArgMeta, RuleTable, output_shapes, scratch_bytes
+from graphmem.trace.rules.registry import ArgMeta, Rule, RuleTable, output_bounds, output_shapes, scratch_bytes
 from graphmem.trace.values import Shadows
 
 __all__ = ["Recorder", "fixed_outputs"]
@@ -57,6 +59,8 @@ _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
 _FAKES_ON = torch.device("cpu")
 _PROGRESS_EVERY = 4096  # recorded ops between progress lines
+# what a value-dependent op is called in a note
+_BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique"}
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # ops whose real kernel returns its input tensor itself, where the fake kernel makes a new one
@@ -172,6 +176,7 @@ class Recorder(TorchDispatchMode):
         self._silent = False
         self.shadows = Shadows()
         self._dtype_checked: dict[Any, str] = {}
+        self.kept: float | None = None  # --assume nonzero=F: value-dependent sizes at F of their most
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -370,13 +375,38 @@ class Recorder(TorchDispatchMode):
             return args[0]
         try:
             out = func(*args, **kwargs)
-        except DATA_DEPENDENT_ERRORS:
-            if not self.shadows.answerable(args, kwargs):
+        except DATA_DEPENDENT_ERRORS as exc:
+            if self.shadows.answerable(args, kwargs):
+                return self._from_shadows(func, args, kwargs)
+            rule = self._rules.output_bounds.get(func)
+            if rule is None or not isinstance(exc, DynamicOutputShapeException):
                 raise
-            return self._from_shadows(func, args, kwargs)
+            return self._bounded(func, rule, args, kwargs, exc)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.shadows.propagate(func, args, kwargs, out)
         return out
+
+    def _bounded(self, func: Any, rule: Rule, args: Any, kwargs: Any, exc: Exception) -> Any:
+        """Outputs at the op's largest size (``output_bounds`` rules), or at the declared
+        fraction of it (``kept``), noted in the report: the peak is then an upper bound."""
+        try:
+            bound = output_bounds(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+        except NotImplementedError:
+            raise exc from None
+        count = bound.count if self.kept is None else min(bound.count, math.ceil(bound.count * self.kept))
+        outs = tuple(torch.empty(shape, dtype=dtype)
+                     for shape, (_, dtype) in zip(bound.shapes(count), bound.outputs, strict=True))
+        name, module = _BOUNDED_NAMES.get(func.__name__.split(".")[0], func.__name__.split(".")[0]), self.pending[1]
+        where = f"{name} in {module}" if module else name
+        if self.kept is None:
+            note = (f"upper bound: {where} depends on values; recorded keeping all {count:,} elements, the most "
+                    "it can (declare a fraction with --assume nonzero=0.5)")
+        else:
+            note = (f"{where} depends on values; recorded keeping {count:,} of {bound.count:,} elements, "
+                    f"as declared with --assume nonzero={self.kept:g}")
+        if note not in self.assumptions:
+            self.assumptions.append(note)
+        return outs[0] if len(outs) == 1 else outs
 
     def _refuse_what_the_real_kernel_refuses(self, func: Any, args: Any, kwargs: Any) -> None:
         """Fake and meta kernels accept some dtype mixes the real CPU kernel refuses (an int64

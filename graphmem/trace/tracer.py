@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.parallel import ParallelSpec
-from graphmem.job.spec import InputSpec
+from graphmem.job.spec import KEPT_FRACTION, InputSpec
 from graphmem.job.step import AMP_DTYPES, StepConfig
 from graphmem.trace import generation
 from graphmem.trace._torch_api import (
@@ -198,8 +198,11 @@ def _parameter_names(model: nn.Module) -> dict[torch.Tensor, tuple[str, Role]]:
 
 def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[Any],
                     kwargs: dict[str, Any], assume: Mapping[str, str]) -> None:
-    """Placeholders, the input role, and the assumed values of integer inputs."""
-    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)}
+    """Placeholders, the input role, and the assumed values of integer inputs (and with
+    ``nonzero``, the fraction value-dependent sizes keep)."""
+    if KEPT_FRACTION in assume:
+        recorder.kept = float(assume[KEPT_FRACTION])
+    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - {KEPT_FRACTION}
     if unknown:
         raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
                              f"inputs: {', '.join(s.name or f'input_{i}' for i, s in enumerate(specs))}")

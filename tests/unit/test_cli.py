@@ -105,7 +105,6 @@ def test_units_and_output_file(tmp_path: object) -> None:
     (["analyze", "{mod}:Net", "-i", "2x4", "--kwargs", '{"nope": 1}'], 2, "unexpected keyword"),
     (["analyze", "{mod}:Net", "-i", "2x5"], 2, "check that --input shapes"),
     (["analyze", "{mod}:ReadsValues", "-i", "2x4"], 3, "reads a tensor's value"),
-    (["analyze", "{mod}:Nonzero", "-i", "2x4"], 3, "reads a tensor's value"),
     (["analyze", "{mod}:Net"], 2, "no input given"),
 ])
 def test_errors_are_one_line_with_exit_code(make_module: Callable[[str], str], args: list[str],
@@ -122,3 +121,13 @@ def test_debug_shows_the_traceback(make_module: Callable[[str], str]) -> None:
     result = run("analyze", f"{name}:ReadsValues", "-i", "2x4", "--debug")
     assert result.exit_code != 0
     assert result.exception is not None and "reads a tensor's value" in str(result.exception)
+
+
+def test_value_dependent_sizes_give_an_upper_bound(make_module: Callable[[str], str]) -> None:
+    name = make_module(USER_SOURCE)
+    result = run("analyze", f"{name}:Nonzero", "-i", "2x4")
+    assert result.exit_code == 0, result.output
+    assert "upper bound: nonzero depends on values" in result.output
+    half = run("analyze", f"{name}:Nonzero", "-i", "2x4", "--assume", "nonzero=0.5", "--format", "json")
+    assert half.exit_code == 0, half.output
+    assert any("--assume nonzero=0.5" in a for a in json.loads(half.stdout)["train"]["assumptions"])

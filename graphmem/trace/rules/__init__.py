@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphmem.trace.rules import grouped_mm, normalization, rnn  # noqa: F401  (register their rules)
+from graphmem.trace.rules import bounds, grouped_mm, normalization, rnn  # noqa: F401  (register their rules)
 from graphmem.trace.rules.registry import ArgMeta, Rule, RuleTable, register, rules_for, scratch_bytes
 
 __all__ = ["ArgMeta", "Rule", "RuleTable", "register", "rules_for", "scratch_bytes"]

@@ -15,7 +15,12 @@ op's tensor metadata and non-tensor arguments (they never see a tensor):
     -> the output's ``ArgMeta`` (shape, dtype, strides) as the
     real kernel makes it, raising the real kernel's error for inputs it refuses.  Fake
     tensors live on the CPU, so the fake tensor mode (graphmem.trace._torch_api) runs the
-    ``cpu`` ones, in place of the meta kernel, for every target.
+    ``cpu`` ones, in place of the meta kernel, for every target;
+  - ``output_bounds``: where an op's output size depends on tensor values (``nonzero``,
+    boolean-mask indexing, ``unique``), the largest outputs it can return -> a ``Bound``:
+    the most elements the value-dependent count can reach and, per output, its shape
+    (``None`` where the count goes) and dtype.  Registered for ``device="any"``: the limits
+    are the op's own, whatever the device.
 
     @register(aten.mm.default, device="cuda")
     def mm_workspace(args: tuple[ArgMeta, ...], kwargs: dict) -> int: ...
@@ -38,7 +43,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArgMeta", "Rule", "RuleTable", "output_shapes", "register", "rules_for", "scratch_bytes"]
+__all__ = ["ArgMeta", "Bound", "Rule", "RuleTable", "output_bounds", "output_shapes", "register", "rules_for",
+           "scratch_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +56,24 @@ class ArgMeta:
     stride: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """An ``output_bounds`` rule's answer: ``count`` is the most the value-dependent size can
+    be; ``outputs`` the op's outputs in order, each (shape with None for the count, dtype)."""
+
+    count: int
+    outputs: tuple[tuple[tuple[int | None, ...], torch.dtype], ...]
+
+    def shapes(self, count: int) -> list[tuple[int, ...]]:
+        """The outputs' shapes when the value-dependent size is ``count``."""
+        return [tuple(count if n is None else n for n in shape) for shape, _ in self.outputs]
+
+
 # scratch rules return int bytes; output_dtypes rules return {output index: dtype};
 # output_shapes rules return {output index: shape}; fake_kernel rules return an ArgMeta
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
-KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel")
+KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds")
 _RULES: dict[tuple[str, str, torch._ops.OpOverload], Rule] = {}
 
 
@@ -66,6 +85,7 @@ class RuleTable:
     output_dtypes: Mapping[torch._ops.OpOverload, Rule]
     output_shapes: Mapping[torch._ops.OpOverload, Rule]
     fake_kernels: Mapping[torch._ops.OpOverload, Rule]
+    output_bounds: Mapping[torch._ops.OpOverload, Rule]
 
 
 def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
@@ -95,12 +115,12 @@ def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -
 def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None) -> RuleTable:
     """The rules for ``device``; ``extra`` adds or overrides scratch rules."""
     def of(wanted: str) -> dict[torch._ops.OpOverload, Rule]:
-        return {op: fn for (dev, kind, op), fn in _RULES.items() if dev == device and kind == wanted}
+        return {op: fn for (dev, kind, op), fn in _RULES.items() if dev in (device, "any") and kind == wanted}
 
     scratch = of("scratch")
     scratch.update(extra or {})
     return RuleTable(scratch=scratch, output_dtypes=of("output_dtypes"), output_shapes=of("output_shapes"),
-                     fake_kernels=of("fake_kernel"))
+                     fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"))
 
 
 def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
@@ -120,4 +140,13 @@ def output_shapes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) 
             and all(isinstance(n, int) and n >= 0 for n in shape) for i, shape in result.items()):
         raise AssertionError(f"output_shapes: rule {rule.__qualname__} returned {result!r}, "
                              "expected {output index: tuple of non-negative ints}")
+    return result
+
+
+def output_bounds(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
+    """Call an ``output_bounds`` rule on metadata and check its answer."""
+    result = rule(args, kwargs)
+    if not isinstance(result, Bound) or result.count < 0 or not result.outputs:
+        raise AssertionError(f"output_bounds: rule {rule.__qualname__} returned {result!r}, expected a Bound "
+                             "with a count >= 0 and at least one output")
     return result
