@@ -30,6 +30,7 @@ from graphmem.preflight.check import PREFLIGHT_MODES, check, search_largest
 from graphmem.preflight.plan import make_plan
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
 from graphmem.report.files import StagedFiles, staged_files
+from graphmem.report.html import check_html_path, render_html
 from graphmem.report.plan_table import PLAN_RENDERERS
 from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Context
 
@@ -51,10 +52,12 @@ def main() -> None:
 
 
 def _picture(param: Any, path: str | None) -> str | None:
-    """Refuse a picture path with the wrong suffix, in a folder where no file can be written,
-    or whose extra is missing, before analysing."""
+    """Refuse a picture (or --html page) path with the wrong suffix, in a folder where no file
+    can be written, or whose extra is missing, before analysing."""
     try:
-        return None if path is None else check_output_path(param.name, path)
+        if path is None:
+            return None
+        return check_html_path(path) if param.name == "html" else check_output_path(param.name, path)
     except UserInputError as exc:
         raise click.BadParameter(str(exc), param=param) from None
 
@@ -110,20 +113,29 @@ def _distinct(**paths: str | None) -> None:
                    "needs pydot: pip install 'graphmem[viz]'.")
 @click.option("--collapse", type=click.Choice(COLLAPSE_CHOICES), default="auto", show_default=True,
               help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
+@click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write one self-contained page FILE.html (opens offline in any browser): the facts, "
+                   "the memory timelines, the categories at the peak, the per-module table and, with "
+                   "--parallel, the per-GPU table.")
 def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth: int, top: int,
                     timeline: str | None, snapshot: str | None, dot: str | None, collapse: str,
-                    **options: Any) -> None:
+                    html: str | None, **options: Any) -> None:
     """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
 
     Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
     """
-    _distinct(output=output, timeline=timeline, snapshot=snapshot, dot=dot)
+    _distinct(output=output, timeline=timeline, snapshot=snapshot, dot=dot, html=html)
     with _analysis(debug):
         report = analyze(job_from(options))
         text = RENDERERS[fmt](report, units, depth=depth, top=top)
-    _write(text, output, debug, lambda staged: write_files(
-        report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth, units=units,
-        staged=staged))
+
+    def files(staged: StagedFiles) -> None:
+        write_files(report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth,
+                    units=units, staged=staged)
+        if html is not None:
+            Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
+
+    _write(text, output, debug, files)
 
 
 # ---------------------------------------------------------------------------------------------

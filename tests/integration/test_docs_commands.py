@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -11,9 +12,12 @@ from click.testing import CliRunner
 from graphmem.cli import main
 from tests.conftest import ROOT
 
-DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers.md", "docs/finetuning.md")
+DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers.md", "docs/finetuning.md",
+        "docs/visualisation.md")
 # placeholders a reader fills in, not runnable as written
 _TEMPLATES = ("$", "path/to/", "train.py:")
+# options naming a file the command writes: written to the test's temporary folder, not the checkout
+_FILE_OPTIONS = ("--html", "--output", "--timeline", "--dot", "--snapshot")
 
 
 def _blocks(path: str, kind: str) -> list[str]:
@@ -50,10 +54,12 @@ def _shown_outputs() -> list[tuple[str, str, list[str]]]:
     return found
 
 
-def _run(command: str) -> tuple[int, str]:
+def _run(command: str, folder: Path) -> tuple[int, str]:
     if "--lora" in command:
         pytest.importorskip("peft", reason="peft is not installed (pip install graphmem[lora])")
-    result = CliRunner().invoke(main, shlex.split(command)[1:])
+    args = shlex.split(command)[1:]
+    args = [str(folder / Path(arg).name) if option in _FILE_OPTIONS else arg for option, arg in zip(["", *args], args)]
+    result = CliRunner().invoke(main, args)
     return result.exit_code, result.stdout
 
 
@@ -62,15 +68,16 @@ def _expected_exit(lines: list[str]) -> int:
 
 
 @pytest.mark.parametrize("doc, command", _commands(), ids=lambda v: v if v.endswith(".md") else v[9:60])
-def test_documented_command_runs(doc: str, command: str) -> None:
-    code, out = _run(command)
+def test_documented_command_runs(doc: str, command: str, tmp_path: Path) -> None:
+    code, out = _run(command, tmp_path)
     allowed = (0, 1) if command.split()[1] in ("check", "max-batch", "max-seq") else (0,)
     assert code in allowed, f"{doc}: {command}\n{out}"
 
 
 @pytest.mark.parametrize("doc, command, lines", _shown_outputs(), ids=lambda v: str(v)[:40])
-def test_documented_output_is_what_the_command_prints(doc: str, command: str, lines: list[str]) -> None:
-    code, out = _run(command)
+def test_documented_output_is_what_the_command_prints(doc: str, command: str, lines: list[str],
+                                                      tmp_path: Path) -> None:
+    code, out = _run(command, tmp_path)
     assert code == _expected_exit(lines), out
     printed = out.splitlines()
     for line in (line for line in lines if not line.startswith("exit ")):
