@@ -26,6 +26,7 @@ from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.report.files import check_destination
 from graphmem.report.header import render_header
 from graphmem.report.modules import ROOT, ModuleRow, module_rows
+from graphmem.report.parallel_section import rank_rows
 from graphmem.report.series import bucket_peaks, phase_spans
 from graphmem.report.timeline import COLOURS, PHASE_SHADES, STACK_ORDER
 from graphmem.units import UNITS, format_bytes
@@ -365,30 +366,9 @@ def _modules(report: MemoryReport, named: tuple[str, ModeReport], depth: int, fm
     return f"<h2>Per module, {escape(name)}, depth {depth}</h2>\n" + "\n".join(lines)
 
 
-def _rank_list(ranks: Sequence[int]) -> str:
-    """``(0, 1, 2, 5)`` -> ``"0-2, 5"``, as the text table writes them."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
-
-
 def _ranks(report: MemoryReport, name: str, mode: ModeReport, fmt: Format) -> str:
-    """--parallel: one row per group of ranks whose memory is the same, the columns of the
-    text report's per-GPU table."""
-    cuda = mode.ranks[0].report.allocator is not None
-    head = ["ranks", "allocated peak" if cuda else "peak", "phase", "parameters", "gradients", "optimizer state",
-            "activations", "communication"]
-    rows = []
-    for r in mode.ranks:
-        m, b = r.report, r.report.breakdown
-        phase = f"{m.peak.phase} (iteration {m.peak.iteration + 1})"
-        rows.append([_rank_list(r.ranks), fmt(m.budget_peak_bytes), phase,
-                     *(fmt(b[c]) for c in (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE,
-                                           Category.ACTIVATION, Category.COMMUNICATION))])
+    """--parallel: the text report's per-GPU table (one row per group of ranks whose memory is the same)."""
+    head, rows = rank_rows(mode, fmt)
     world = sum(len(r.ranks) for r in mode.ranks)
     return (f"<h2>Per GPU, {escape(name)} with {escape(report.parallel or '')} ({world} ranks)</h2>\n"
             '<p class="note">One row per group of ranks whose memory is the same; the sizes are those '

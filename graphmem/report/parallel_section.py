@@ -9,7 +9,7 @@ from tabulate import tabulate
 
 from graphmem.memory.results import Category, MemoryReport, ModeReport, RankReport
 
-__all__ = ["parallel_json", "parallel_table"]
+__all__ = ["parallel_json", "parallel_table", "rank_rows"]
 
 
 def _ranks_text(ranks: tuple[int, ...]) -> str:
@@ -23,18 +23,28 @@ def _ranks_text(ranks: tuple[int, ...]) -> str:
     return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
 
 
-def parallel_table(report: MemoryReport, mode: ModeReport, fmt: Callable[[int], str]) -> str:
-    """One row per distinct rank: its peak, where, and what is live there."""
+RANK_HEADERS = ("ranks", "peak", "phase", "parameters", "gradients", "optimizer state", "activations",
+                "communication")
+
+
+def rank_rows(mode: ModeReport, fmt: Callable[[int], str]) -> tuple[list[str], list[list[str]]]:
+    """The per-GPU table's headers and rows: one row per group of ranks whose memory is the same
+    (its peak, where, and what is live there), the highest first."""
     cuda = mode.ranks[0].report.allocator is not None
-    head = ["ranks", "allocated peak" if cuda else "peak", "phase", "parameters", "gradients", "optimizer state",
-            "activations", "communication"]
+    head = ["ranks", "allocated peak" if cuda else "peak", *RANK_HEADERS[2:]]
     rows = []
     for r in mode.ranks:
         m, b = r.report, r.report.breakdown
         phase = f"{m.peak.phase} (iteration {m.peak.iteration + 1})"
         rows.append([_ranks_text(r.ranks), fmt(m.budget_peak_bytes), phase,
-                     fmt(b[Category.PARAMETER]), fmt(b[Category.GRADIENT]), fmt(b[Category.OPTIMIZER_STATE]),
-                     fmt(b[Category.ACTIVATION]), fmt(b[Category.COMMUNICATION])])
+                     *(fmt(b[c]) for c in (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE,
+                                           Category.ACTIVATION, Category.COMMUNICATION))])
+    return head, rows
+
+
+def parallel_table(report: MemoryReport, mode: ModeReport, fmt: Callable[[int], str]) -> str:
+    """One row per distinct rank: its peak, where, and what is live there."""
+    head, rows = rank_rows(mode, fmt)
     world = sum(len(r.ranks) for r in mode.ranks)
     title = (f"Per GPU, {mode.mode} with {report.parallel} ({world} ranks; one row per group of ranks whose "
              "memory is the same; the sizes are those live at each rank's peak)")
