@@ -30,6 +30,7 @@ __all__ = ["PRUNABLE", "ModelFacts", "block_classes", "model_facts", "position_l
 
 # Layers pruned by the plan (the usual targets of pruning: Linear and convolutions)
 PRUNABLE: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
@@ -46,6 +47,8 @@ class ModelFacts:
         block_classes: classes of repeated non-container blocks, the checkpointing candidates.
         unit_bytes: parameter bytes of the largest block (or, without blocks, of the largest
             direct child): what ZeRO-3 / FSDP gathers at once.
+        batch_norm: the model has BatchNorm layers (their statistics depend on the batch).
+        float_bytes: bytes per element of the floating-point parameters (the model's dtype).
     """
 
     linear_weights: tuple[tuple[int, int, int], ...]
@@ -53,6 +56,8 @@ class ModelFacts:
     params_bytes: int
     block_classes: tuple[str, ...]
     unit_bytes: int
+    batch_norm: bool = False
+    float_bytes: int = 4
 
     @property
     def prunable_bytes(self) -> int:
@@ -71,10 +76,19 @@ def _param_bytes(module: nn.Module, dtype: torch.dtype | None) -> int:
 
 
 def block_classes(model: nn.Module) -> tuple[str, ...]:
-    """Names of classes with two or more instances that have children (not bare containers)."""
-    counts = Counter(type(m).__name__ for m in model.modules()
-                     if m is not model and any(True for _ in m.children()) and not isinstance(m, _CONTAINERS))
-    return tuple(sorted(name for name, n in counts.items() if n >= 2))
+    """Names of classes with two or more instances that have children (not bare containers):
+    the model's own classes before nn.Sequential (a ResNet's Bottleneck before its stages),
+    the outermost first (a transformer's decoder layer before the attention inside it), then
+    by name."""
+    depth: dict[str, int] = {}
+    counts: Counter[str] = Counter()
+    for path, m in model.named_modules():
+        if m is not model and any(True for _ in m.children()) and not isinstance(m, _CONTAINERS):
+            name = type(m).__name__
+            counts[name] += 1
+            depth[name] = min(depth.get(name, path.count(".")), path.count("."))
+    return tuple(sorted((name for name, n in counts.items() if n >= 2),
+                        key=lambda name: (name == "Sequential", depth[name], name)))
 
 
 def _linear_weights(model: nn.Module, dtype: torch.dtype | None) -> tuple[tuple[int, int, int], ...]:
@@ -99,7 +113,10 @@ def model_facts(source: ModelSource, kwargs: Mapping[str, Any] | None = None,
         prunable_weights=tuple((w.shape[0], w.numel() // w.shape[0], _nbytes(w, dtype) // w.numel())
                                for w in prunable.values()),
         params_bytes=sum(_nbytes(p, dtype) for p in unique.values()), block_classes=blocks,
-        unit_bytes=max(_param_bytes(m, dtype) for m in units))
+        unit_bytes=max(_param_bytes(m, dtype) for m in units),
+        batch_norm=any(isinstance(m, _BATCH_NORMS) for m in model.modules()),
+        float_bytes=next((_nbytes(p, dtype) // p.numel() for p in unique.values()
+                          if p.is_floating_point() and p.numel()), 4))
 
 
 def pruned_factory(source: ModelSource, kwargs: Mapping[str, Any] | None, amount: float,

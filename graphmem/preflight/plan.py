@@ -3,17 +3,15 @@ ranked by what to try first, and a paragraph explaining the numbers.
 
 Input: a ``Job`` with concrete inputs and a ``Budget``.  Output: a frozen ``Plan``.
 
-Training remedies: the largest batch that fits, activation checkpointing of each repeated
-block class, bf16/fp16 autocast, SGD / SGD with momentum / AdamW / 8-bit AdamW, gradient
-accumulation, ZeRO-1 and FSDP2 (with and without resharding after forward) over N GPUs
-(analysed by running the engines), CPU offload of the optimizer (formula),
-torch.nn.utils.prune (analysed) and layers made smaller (formula).  Inference remedies: the
-largest batch, bf16/fp16 weights, bf16/fp16 autocast, int8/int4 weight-only quantization
-(formula), pruning (analysed, and CSR storage by formula).
-
-Rows are ranked: those that fit first, then by how much they change what is trained (the
-same math < other numerics < different training), then by effort (a setting < changing the
-weights < more hardware), then by extra compute per sample, then by peak.
+Training remedies (remedies.py): the largest batch that fits, the optimizer's fused/foreach
+implementation, activation checkpointing of each repeated block class, bf16/fp16 autocast,
+bf16 weights with fp32 master weights and optimizer state, bf16 weights and state, 8-bit
+optimizers, SGD / SGD with momentum / AdamW, gradient accumulation, ZeRO-1 and FSDP2 over N
+GPUs, the optimizer offloaded to the host (all analysed), torch.nn.utils.prune (analysed) and
+layers made smaller (formula).  Inference: the largest batch, bf16/fp16 weights and autocast,
+int8/int4 weight-only quantization (formula), pruning (analysed, and CSR storage by formula);
+with --generate, the KV cache in bf16 or fp8 (formula).  Combinations: see _combined_rows.
+Ranking: graphmem/preflight/ranking.py, the one place the rule is written.
 """
 
 from __future__ import annotations
@@ -21,42 +19,45 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from graphmem.api import analyze
+from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.job import Job
 from graphmem.job.load import resolve_target
 from graphmem.job.spec import validate_inputs
 from graphmem.memory.results import MemoryReport
 from graphmem.preflight.budget import Budget
+from graphmem.preflight.changes import COMBINED_KINDS, kind_of, merge
 from graphmem.preflight.check import Prediction, SearchResult, peak_of, search_largest
 from graphmem.preflight.explain import explain
+from graphmem.preflight.generation import kv_cache_rows
 from graphmem.preflight.model_facts import model_facts
-from graphmem.preflight.rows import (
-    Analysed,
-    PlanContext,
-    PlanRow,
+from graphmem.preflight.ranking import RANKING_RULE, Departure, rank_key, rank_rows
+from graphmem.preflight.remedies import (
     accumulation_rows,
     amp_rows,
-    analysed_row,
-    batch_templates,
     checkpoint_rows,
     half_precision_rows,
     implementation_rows,
+    offload_rows,
     optimizer_rows,
+    precision_rows,
     prune_rows,
     quantization_rows,
     sharding_rows,
     sparse_row,
 )
+from graphmem.preflight.rows import Analysed, PlanContext, PlanRow, analysed_row, batch_templates
 
-__all__ = ["Plan", "PlanRow", "make_plan", "rank_rows"]
+__all__ = ["RANKING_RULE", "Plan", "PlanRow", "make_plan", "rank_rows"]
 
-# what a combination adds, cheapest first; one remedy of each kind
-_COMBINABLE = ("optimizer_impl", "amp", "optimizer", "grad_accum", "checkpoint")
+# kinds that need more hardware: a second chain of combinations leaves them out
+_MORE_HARDWARE = frozenset({"offload"})
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """``graphmem plan``'s answer.  ``rows`` are ranked (see the module docstring)."""
+    """``graphmem plan``'s answer.  ``rows`` are ranked (see the module docstring); ``mode`` is
+    "train", "inference" or "generate"."""
 
     target: str
     mode: str
@@ -72,42 +73,42 @@ class Plan:
     skipped: tuple[str, ...]  # remedies that could not be analysed, with the reason
 
 
-def rank_rows(rows: list[PlanRow]) -> list[PlanRow]:
-    """Fits first; then what changes least what is trained (the same math, then other numerics,
-    then different training: PlanRow.tier); then least effort (a setting < the weights < more
-    hardware), least extra compute; then, of rows that fit, the smallest change."""
-    # among rows that fit, the smallest change (the highest peak); among the others, the lowest peak
-    return sorted(rows, key=lambda r: (not r.fits, r.tier, r.effort, round(r.extra_compute or 0.0, 3),
-                                       r.peak_bytes if not r.fits else -r.peak_bytes))
-
-
 def make_plan(job: Job, budget: Budget, *, world_size: int = 8, prune_amount: float = 0.5,
               group_size: int = 128) -> Plan:
     """Predict every remedy for ``job`` against ``budget``.
 
     Args:
-        world_size: GPUs the ZeRO / FSDP rows shard over.
+        world_size: GPUs available: the ZeRO / FSDP rows shard over up to this many (1: none).
         prune_amount: share of each prunable weight the pruning rows remove.
         group_size: int4 quantization group size.
 
     Returns:
         The Plan (sizes in bytes).
     """
-    validate_inputs(job.inputs, symbolic=False)
+    if job.generate is None:
+        validate_inputs(job.inputs, symbolic=False)
     ctx, both = _context(job, budget, world_size, prune_amount, group_size)
     found: list[Analysed | str] = []
     search = _batch_row(ctx, found)
     found += _alone_rows(ctx)
     found += _combined_rows(ctx, [a for a in found if isinstance(a, Analysed)])
-    rows = [a.row for a in found if isinstance(a, Analysed)]
+    rows = _distinct([a.row for a in found if isinstance(a, Analysed)])
     train_peak = peak_of(both, "train") if both.train else None
     inference_peak = peak_of(both, "inference") if both.inference else None
-    per_sample = search.bytes_per_unit if search and job.mode == "train" else None
+    per_sample = search.bytes_per_unit if search and ctx.mode == "train" else None
     text = explain(both.train, both.inference, train_peak or 0, inference_peak or 0, per_sample)
-    return Plan(target=str(both.target), mode=job.mode, device=both.device, inputs=both.inputs, budget=budget,
-                baseline=_baseline_row(ctx), rows=tuple(rank_rows(rows)), explanation=text,
-                train_peak_bytes=train_peak, inference_peak_bytes=inference_peak, bytes_per_sample=per_sample,
-                skipped=tuple(a for a in found if isinstance(a, str)))
+    return Plan(target=str(both.target), mode="generate" if job.generate else job.mode, device=both.device,
+                inputs=both.inputs, budget=budget, baseline=_baseline_row(ctx), rows=tuple(rank_rows(rows)),
+                explanation=text, train_peak_bytes=train_peak, inference_peak_bytes=inference_peak,
+                bytes_per_sample=per_sample, skipped=tuple(a for a in found if isinstance(a, str)))
+
+
+def _distinct(rows: list[PlanRow]) -> list[PlanRow]:
+    """Each set of changes once (two chains of combinations can meet)."""
+    seen: dict[str, PlanRow] = {}
+    for row in rows:
+        seen.setdefault(repr(sorted(row.changes.items())), row)
+    return list(seen.values())
 
 
 def _context(job: Job, budget: Budget, world_size: int, prune_amount: float, group_size: int
@@ -126,15 +127,19 @@ def _context(job: Job, budget: Budget, world_size: int, prune_amount: float, gro
         base = Prediction(base.peak_bytes, replace(both, train=None))
     batch, templates = batch_templates(job.inputs)
     facts = model_facts(source, job.model_kwargs, job.dtype, job.hf_config, job.device)
+    # bf16 needs compute capability 8.0 (Ampere) on a GPU: V100 and T4 compute in fp16
+    bf16 = job.device != "cuda" or get_gpu(job.gpu).compute_capability >= (8, 0)
     ctx = PlanContext(job=job, source=source, budget=budget, base=base,
                       batch=batch, templates=templates, facts=facts, world_size=world_size,
-                      prune_amount=prune_amount, group_size=group_size)
+                      prune_amount=prune_amount, group_size=group_size, bf16=bf16)
     return ctx, both
 
 
 def _analyze_both(job: Job) -> MemoryReport:
     """The baseline in both modes (the explanation compares them); the job's mode alone when
     the other cannot be analysed."""
+    if job.generate is not None:
+        return analyze(job)
     try:
         return analyze(replace(job, mode="both"))
     except GraphmemError:
@@ -149,6 +154,8 @@ def _baseline_row(ctx: PlanContext) -> PlanRow:
 
 def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | None:
     """The largest batch that fits (searched), as a row; the search for its bytes per sample."""
+    if ctx.job.generate is not None:
+        return None  # the sequences generated at once are --batch: try a smaller one with check
     if ctx.batch is None:
         found.append("smaller batch: the first input has no batch dimension")
         return None
@@ -157,58 +164,99 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
     except GraphmemError as exc:
         found.append(f"largest batch: not searched ({exc})")
         return None
+    if not search.max_value and ctx.batch == 1:
+        return search  # the job's own batch of 1 is the smallest: no row to add
     batch = max(search.max_value, 1)
     accum = -(-ctx.batch // batch)
     per = f"{search.bytes_per_unit:,} B per sample" if search.bytes_per_unit is not None else ""
     keep = f"keep {ctx.batch} samples per step with {accum} accumulation steps"
-    note = "; ".join(n for n in (per, keep if ctx.job.mode == "train" and batch < ctx.batch else "") if n)
+    note = "; ".join(n for n in (per, keep if ctx.mode == "train" and batch < ctx.batch else "") if n)
     name = (f"batch {batch} (the largest that fits)" if search.max_value
             else "batch 1 (the smallest; does not fit)")
-    found.append(analysed_row(ctx, name, {"batch": batch}, note=note))
+    found.append(analysed_row(ctx, {"batch": batch}, name=name, note=note))
     return search
 
 
 def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
-    if ctx.job.mode == "train":
-        return [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx), *optimizer_rows(ctx),
-                *accumulation_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx)]
+    if ctx.job.generate is not None:
+        return [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx)]
+    if ctx.mode == "train":
+        return [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx), *precision_rows(ctx),
+                *optimizer_rows(ctx), *accumulation_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx),
+                *offload_rows(ctx)]
     return [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
             *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])]
 
 
 def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | str]:
-    """Combinations of the best analysed remedy of each kind, cheapest first: each adds the next
-    remedy to the best combination so far (kept only if it lowers the peak), up to the first
-    that fits; then the formulas on top of the best one while nothing fits."""
-    if ctx.job.mode != "train":
+    """Combinations a practitioner would try, when no setting that keeps the job's math fits alone.
+
+    Training: the best row of each kind (remedies.py; the nearest to the job's math, then
+    the largest saving) in ranking order; each is added to the best combination so far and kept
+    if it lowers the peak, up to the first that fits.  A second chain leaves out the kinds that
+    need more hardware (offload), so the best a single GPU can do on its own shows too.  While
+    nothing fits, sharding and offload on top of the best combination.  Inference: the best
+    half-precision row with int8 / int4 weights."""
+    if ctx.mode != "train":
         halves = [a for a in alone if "dtype" in a.row.changes and a.prediction is not None]
         best_half = min(halves, key=lambda a: a.row.peak_bytes, default=None)
         return list(quantization_rows(ctx, best_half)) if best_half else []
+    if any(a.row.fits and a.row.departure <= Departure.MIXED_PRECISION and a.row.effort < 2 for a in alone):
+        return []  # a setting that keeps the math fits on its own
     picks = _best_of_each_kind(alone)
-    if not picks or picks[0].row.fits:
+    if not picks:
         return []
+    seen: dict[str, Analysed | str] = {}
+    out, best = _chain(ctx, picks, seen)
+    if any(kind_of(p.row.changes) in _MORE_HARDWARE for p in picks):
+        more, other = _chain(ctx, [p for p in picks if kind_of(p.row.changes) not in _MORE_HARDWARE], seen)
+        out += more
+        best = best if best.row.fits or not other.row.fits else other
+    if best.row.fits:
+        return out
+    return out + sharding_rows(ctx, best) + (offload_rows(ctx, best) if "offload" not in best.row.changes else [])
+
+
+def _chain(ctx: PlanContext, picks: list[Analysed], seen: dict[str, Analysed | str]
+           ) -> tuple[list[Analysed | str], Analysed]:
+    """Add each pick to the best combination so far; keep what lowers the peak; stop at a fit.
+    ``seen``: combinations already analysed (by their changes), shared between chains."""
     out: list[Analysed | str] = []
     best = picks[0]
     for pick in picks[1:]:
-        name = f"{best.row.name} + {pick.row.name}"
-        made = analysed_row(ctx, name, {**best.row.changes, **pick.row.changes})
-        out.append(made)
-        if isinstance(made, Analysed) and made.row.peak_bytes < best.row.peak_bytes:
+        changes = merge(best.row.changes, pick.row.changes)
+        if changes is None or changes == best.row.changes:
+            continue
+        # the pick replaces what the best had (another optimizer for an implementation): no new row
+        key = repr(sorted(changes.items()))
+        if changes == pick.row.changes:
+            made: Analysed | str = pick
+        else:
+            made = seen[key] if key in seen else seen.setdefault(key, analysed_row(ctx, changes))
+        if isinstance(made, str):
+            out.append(made)
+        elif made.row.peak_bytes < best.row.peak_bytes:
+            out += [made] if made is not pick else []
             best = made
             if best.row.fits:
-                return out
-    return out + sharding_rows(ctx, best)
+                break
+    return out, best
 
 
 def _best_of_each_kind(alone: list[Analysed]) -> list[Analysed]:
-    """The analysed row that saves the most for each combinable kind, cheapest first."""
+    """For each combinable kind, the analysed row nearest to the job's math that saves memory
+    (the largest saving among equals; an optimizer implementation also when it saves nothing
+    alone), in ranking order."""
     best: dict[str, Analysed] = {}
     for a in alone:
-        kinds = [k for k in _COMBINABLE if k in a.row.changes]
-        if a.prediction is None or a.row.saving_bytes <= 0 or not kinds:
+        kind = kind_of(a.row.changes)
+        # an implementation that saves nothing alone (the peak is in backward) can lower a
+        # combination's peak once checkpointing has moved it to the step: it costs nothing to try
+        free = kind == "implementation" and a.row.saving_bytes == 0
+        if a.prediction is None or (a.row.saving_bytes <= 0 and not free) or kind is None:
             continue
-        if kinds[0] not in best or a.row.saving_bytes > best[kinds[0]].row.saving_bytes:
-            best[kinds[0]] = a
-    return sorted(best.values(), key=lambda a: (a.row.tier, round(a.row.extra_compute or 0.0, 3),
-                                                -a.row.saving_bytes))
-
+        if kind not in best or (a.row.departure, -a.row.saving_bytes) < (best[kind].row.departure,
+                                                                          -best[kind].row.saving_bytes):
+            best[kind] = a
+    assert set(best) <= set(COMBINED_KINDS), f"_best_of_each_kind: unknown kinds {set(best)}"
+    return sorted(best.values(), key=lambda a: rank_key(a.row)[1:])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphmem.preflight.ranking import RANKING_RULE
 from graphmem.report.preflight_text import Context, header
 from graphmem.units import format_bytes
 
@@ -29,7 +30,7 @@ def _extra(row: PlanRow) -> str:
 def _row_to_dict(row: PlanRow) -> dict[str, Any]:
     return {"name": row.name, "changes": dict(row.changes), "peak_bytes": row.peak_bytes,
             "saving_bytes": row.saving_bytes, "extra_compute": row.extra_compute, "fits": row.fits,
-            "source": row.source, "effort": row.effort, "note": row.note}
+            "source": row.source, "effort": row.effort, "departure": row.departure, "note": row.note}
 
 
 def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
@@ -46,7 +47,8 @@ def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
 def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
     """Header, the ranked what-if table, footnotes, skipped remedies, the explanation."""
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
-    shown = Context(target=context.target, inputs=plan.inputs, device=plan.device, mode=plan.mode, gpu=context.gpu)
+    mode = context.mode if plan.mode == "generate" else plan.mode  # the context says what is generated
+    shown = Context(target=context.target, inputs=plan.inputs, device=plan.device, mode=mode, gpu=context.gpu)
     head = (header("plan", shown, fmt=fmt)
             + f"\n\nbudget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
               f"{float(plan.budget.margin):.0%}: peaks up to {fmt(plan.budget.cap_bytes)} fit\n"
@@ -64,10 +66,8 @@ def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
     table = tabulate(rows, tablefmt="simple",
                      headers=["#", "what to change", "peak", "saving", "extra compute", "fits", "source"])
     parts = [head, table, "\n".join(notes)]
-    parts.append("Ranked: rows that fit first, then by how much they change what is trained (the same math < "
-                 "other numerics < a different optimizer, batch or weights), then by effort (a setting < "
-                 "changing the weights < more hardware), then by extra compute per sample. formula: computed "
-                 "from this analysis's bytes, not executed (docs/preflight.md).")
+    parts.append(textwrap.fill(f"{RANKING_RULE} formula: computed from this analysis's bytes, not executed "
+                               "(docs/preflight.md).", width=100))
     if plan.skipped:
         parts.append("Not analysed:\n" + "\n".join(f"- {s}" for s in plan.skipped))
     if plan.explanation:

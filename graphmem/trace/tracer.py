@@ -471,8 +471,12 @@ def _checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Ite
         yield
         return
     paths = {id(m): name for name, m in model.named_modules()}
-    found = [m for m in model.modules() if type(m).__name__ in class_names]
-    missing = set(class_names) - {type(m).__name__ for m in found}
+    # by the class or its direct base: FSDP2's fully_shard turns Class into FSDPClass(FSDPModule, Class)
+    def names(m: nn.Module) -> set[str]:
+        return {type(m).__name__, *(base.__name__ for base in type(m).__bases__)}
+
+    found = [m for m in model.modules() if names(m) & set(class_names)]
+    missing = set(class_names) - {name for m in found for name in names(m)}
     if missing:
         available = sorted({type(m).__name__ for m in model.modules()})
         raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "

@@ -52,6 +52,11 @@ def _oracle_for_row(model: ZooModel, spec: str, changes: dict[str, Any], mode: s
                                "checkpoint_classes": tuple(changes.get("checkpoint", ()))}
     if "amp" in changes:
         options["amp"] = _AMP[changes["amp"]]
+    if "dtype" in changes:  # training with the weights (and so the optimizer state) in bf16
+        half = {"bfloat16": torch.bfloat16, "float16": torch.float16}[changes["dtype"]]
+        inputs = [t.to(half) if t.is_floating_point() else t for t in real_inputs(specs, model.int_high)]
+        return measure_training(lambda: model.build().to(half), inputs, OPTIMIZERS[changes.get("optimizer", "adam")],
+                                model.loss, **options).peak_bytes
     return _measure_train(model, specs, changes.get("optimizer", "adam"), **options)
 
 
@@ -139,7 +144,7 @@ def _plan(name: str, spec: str, mode: str, share: float) -> tuple[Plan, int]:
 
 
 @pytest.mark.parametrize("name, spec, mode, share, kinds, combined", [
-    ("mlp", "32x1000", "train", 0.6, {"batch", "amp", "optimizer", "grad_accum"}, False),
+    ("mlp", "32x1000", "train", 0.6, {"batch", "amp", "optimizer", "grad_accum", "dtype"}, False),
     # 45%: no remedy fits alone, so the plan combines them (SGD + bf16 + checkpointing, ...)
     ("gpt", "4x16:int64", "train", 0.45, {"batch", "amp", "optimizer", "grad_accum", "checkpoint"}, True),
     ("mlp", "32x1000", "inference", 0.6, {"batch", "amp", "dtype"}, False),

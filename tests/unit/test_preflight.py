@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -20,6 +19,7 @@ from graphmem.errors import UserInputError
 from graphmem.job.spec import input_symbol, substitute, validate_inputs
 from graphmem.memory.results import Category, Lifetime
 from graphmem.preflight.budget import Budget, parse_budget, parse_margin, resolve_budget
+from graphmem.preflight.changes import describe, merge
 from graphmem.preflight.check import find_largest_fit, fit_line
 from graphmem.preflight.explain import explain
 from graphmem.preflight.formulas import (
@@ -33,6 +33,7 @@ from graphmem.preflight.formulas import (
 )
 from graphmem.preflight.model_facts import block_classes, model_facts
 from graphmem.preflight.plan import rank_rows
+from graphmem.preflight.ranking import Departure, departure, effort
 from graphmem.preflight.rows import PlanRow, batch_templates
 from graphmem.trace.records import Phase
 from tests.conftest import ROOT
@@ -204,20 +205,63 @@ def test_weight_formulas_by_hand() -> None:
     assert csr_break_even_density(4) == Fraction(1, 3)
 
 
-def _row(name: str, fits: bool, extra: float, effort: int, peak: int) -> PlanRow:
+def _row(name: str, fits: bool, extra: float, effort: int, peak: int, departure: int = 0) -> PlanRow:
     return PlanRow(name=name, changes={}, peak_bytes=peak, saving_bytes=0, extra_compute=extra, fits=fits,
-                   source="analysis", effort=effort)
+                   source="analysis", effort=effort, departure=departure)
 
 
-def test_rank_rows_fitting_then_same_math_then_effort_then_compute() -> None:
+def test_rank_rows_fitting_then_kept_math_then_effort_then_compute() -> None:
     rows = [_row("no fit", False, 0.0, 0, 1), _row("recompute", True, 0.2, 0, 5),
             _row("zero", True, 0.0, 2, 3), _row("flag", True, 0.0, 0, 9), _row("flag small", True, 0.0, 0, 4),
-            replace(_row("sgd", True, 0.0, 0, 2), changes={"optimizer": "sgd"}),
-            replace(_row("autocast", True, 0.0, 0, 2), changes={"amp": "bf16"})]
-    # fitting rows: the same math first (the smallest change first among equals), then autocast,
-    # then another optimizer; more hardware after the settings that fit
-    assert [r.name for r in rank_rows(rows)] == ["flag", "flag small", "recompute", "zero", "autocast", "sgd",
-                                                 "no fit"]
+            _row("sgd", True, 0.0, 0, 2, Departure.OTHER_OPTIMIZER),
+            _row("8-bit", True, 0.0, 0, 2, Departure.QUANTIZED_STATE),
+            _row("autocast", True, 0.0, 0, 2, Departure.MIXED_PRECISION)]
+    # fitting rows that keep the math (mixed precision included): settings before more hardware,
+    # free before recomputation, the same math before mixed precision among equals, the smallest
+    # change first; then the rows that depart, the nearest first: 8-bit state before another optimizer
+    assert [r.name for r in rank_rows(rows)] == ["flag", "flag small", "autocast", "recompute", "zero", "8-bit",
+                                                 "sgd", "no fit"]
+
+
+@pytest.mark.parametrize("changes, optimizer, expected", [
+    ({"optimizer": "adamw8bit"}, "adamw", Departure.QUANTIZED_STATE),
+    ({"optimizer": "adamw8bit"}, "sgd-momentum", Departure.OTHER_OPTIMIZER),
+    ({"optimizer": "sgd"}, "adamw", Departure.OTHER_OPTIMIZER),
+    ({"master_weights": "bfloat16"}, "adamw", Departure.MIXED_PRECISION),
+    ({"dtype": "bfloat16"}, "adamw", Departure.HALF_PRECISION),
+    ({"batch": 8, "grad_accum": 4}, "adamw", Departure.SAME_MATH),
+    ({"batch": 8}, "adamw", Departure.SMALLER_BATCH),
+    ({"optimizer_impl": "fused", "checkpoint": ["Block"], "offload": "optimizer"}, "adamw", Departure.SAME_MATH),
+    ({"optimizer_impl": "fused", "dtype": "bfloat16"}, "adamw", Departure.HALF_PRECISION),
+])
+def test_departure_of_changes(changes: dict[str, Any], optimizer: str, expected: Departure) -> None:
+    assert departure(changes, "train", optimizer) == expected
+
+
+def test_accumulation_with_batch_norm_departs() -> None:
+    assert departure({"batch": 8, "grad_accum": 4}, "train", "sgd", batch_norm=True) == Departure.MICRO_BATCH_NORM
+
+
+def test_combinations_are_named_for_what_they_are() -> None:
+    # another optimizer replaces the implementation of the job's own: "fused Adam + SGD" is just SGD
+    assert merge({"optimizer_impl": "fused"}, {"optimizer": "sgd"}) == {"optimizer": "sgd"}
+    assert describe({"optimizer": "sgd"}, "adam") == "SGD (no optimizer state)"
+    assert describe({"optimizer_impl": "fused"}, "adamw") == "fused AdamW (fused=True)"
+    both = merge({"optimizer_impl": "fused", "checkpoint": ["Block"]}, {"dtype": "bfloat16"})
+    assert both is not None
+    assert describe(both, "adamw") == ("fused AdamW (fused=True) + bf16 weights and optimizer state (no fp32 copy) "
+                                       "+ checkpoint every Block")
+    # the step moves to the host: no device implementation, and no bitsandbytes optimizer there
+    assert merge({"optimizer_impl": "fused"}, {"offload": "optimizer"}) == {"offload": "optimizer"}
+    assert merge({"optimizer": "adamw8bit"}, {"offload": "optimizer"}) is None
+    assert merge({"optimizer": "adamw8bit"}, {"master_weights": "bfloat16"}) is None
+    assert describe({"parallel": "fsdp=4"}, "adamw", device="cpu") == "FSDP2 over 4 processes (ZeRO-3)"
+
+
+def test_effort_of_changes() -> None:
+    assert effort({"checkpoint": ["Block"], "optimizer_impl": "fused"}) == 0
+    assert effort({"dtype": "bfloat16"}) == 1
+    assert effort({"checkpoint": ["Block"], "offload": "optimizer"}) == 2
 
 
 # --- model structure -----------------------------------------------------------------------
@@ -240,6 +284,26 @@ def test_model_facts_by_hand() -> None:
     assert facts.params_bytes == 192 * 4
     assert facts.unit_bytes == 76 * 4
     assert model_facts(_Tied, dtype=torch.bfloat16).params_bytes == 192 * 2
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = _Attention()
+        self.mlp = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))
+
+
+def test_block_classes_outermost_first() -> None:
+    model = nn.Sequential(nn.ModuleList(_Layer() for _ in range(2)), nn.BatchNorm1d(4))
+    # the decoder layer before the attention inside it; nn.Sequential (the MLPs) last
+    assert block_classes(model) == ("_Layer", "_Attention", "Sequential")
+    assert model_facts(lambda: model).batch_norm and not model_facts(_Tied).batch_norm
 
 
 def test_batch_templates() -> None:

@@ -1,0 +1,239 @@
+"""The remedies ``graphmem plan`` tries, one builder per kind.
+
+Input: a ``PlanContext``.  Output: rows (``Analysed``) or, for a remedy that could not be
+analysed, why (a str).  Each builder offers only what applies to the job: an implementation
+the optimizer has, bf16 only where the target computes in it, sharding only with more than
+one GPU.  Rows that change execution are analysed (rows.analysed_row); the others are
+formulas over an analysed run's bytes (formulas.py), labelled so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+
+from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.job.spec import parse_dtype
+from graphmem.preflight.changes import merge
+from graphmem.preflight.formulas import (
+    csr_break_even_density,
+    csr_bytes,
+    int4_weight_bytes,
+    int8_weight_bytes,
+    shrink_scaling,
+)
+from graphmem.preflight.ranking import eight_bit_version
+from graphmem.preflight.rows import Analysed, PlanContext, analysed_row, formula_row, scaled_row
+from graphmem.units import format_bytes
+
+__all__ = [
+    "accumulation_rows",
+    "amp_rows",
+    "checkpoint_rows",
+    "half_precision_rows",
+    "implementation_rows",
+    "offload_rows",
+    "optimizer_rows",
+    "precision_rows",
+    "prune_rows",
+    "quantization_rows",
+    "sharding_rows",
+    "sparse_row",
+]
+
+# optimizers whose fused kernel the trace records without running it for real (fused SGD and
+# Adagrad have no fake-tensor kernel in torch 2.13: they would allocate real memory)
+_FUSED = frozenset({"adam", "adamw", "adam-amsgrad", "adamw-amsgrad"})
+_HALF = ("bfloat16", "float16")
+
+
+def _half(ctx: PlanContext) -> bool:
+    """The job's weights are already in half precision."""
+    return ctx.job.dtype is not None and ctx.job.dtype.is_floating_point and ctx.job.dtype.itemsize < 4
+
+
+def _torch_optimizer(ctx: PlanContext) -> bool:
+    name = ctx.job.step.optimizer
+    return name != "none" and name not in FORMULA_OPTIMIZERS and ":" not in name
+
+
+def implementation_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """The job's optimizer with its fused or foreach implementation (training): what PyTorch
+    picks by default is foreach on CUDA, a for-loop on CPU."""
+    if not _torch_optimizer(ctx) or ctx.job.step.optimizer == "lbfgs":
+        return []
+    current = ctx.job.step.optimizer_impl
+    if current == "auto":
+        current = "foreach" if ctx.job.device == "cuda" else "for-loop"
+    notes = {"fused": "same update in fused kernels: no temporaries the size of the parameters",
+             "foreach": "same update in grouped kernels"}
+    impls = [i for i in ("fused", "foreach") if i != current and (i != "fused" or ctx.job.step.optimizer in _FUSED)]
+    return [analysed_row(ctx, {"optimizer_impl": impl}, note=notes[impl]) for impl in impls]
+
+
+def checkpoint_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """Activation checkpointing of each repeated block class (the outermost first), and for
+    the outermost: of every second block, and selectively (matmul outputs kept) (training)."""
+    if ctx.job.step.checkpoint:
+        return []
+    rows = [analysed_row(ctx, {"checkpoint": [cls]},
+                         note="non-reentrant torch.utils.checkpoint; backward re-runs the block's forward")
+            for cls in ctx.facts.block_classes[:3]]
+    for cls in ctx.facts.block_classes[:1]:
+        rows += [analysed_row(ctx, {"checkpoint": [cls], "checkpoint_every": 2},
+                              note="half the blocks re-run their forward"),
+                 analysed_row(ctx, {"checkpoint": [cls], "checkpoint_save": ["matmuls"]},
+                              note="selective checkpointing: only the cheap ops are recomputed")]
+    return rows
+
+
+def amp_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """bf16 / fp16 autocast (fp16 with a GradScaler when training); bf16 only on a target that
+    computes in it."""
+    if ctx.job.step.amp or _half(ctx):
+        return []
+    return [analysed_row(ctx, {"amp": amp}, note="parameters stay fp32")
+            for amp in ("bf16", "fp16") if amp == "fp16" or ctx.bf16]
+
+
+def precision_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """Training with the weights in bf16: with fp32 master weights and optimizer state (mixed
+    precision as trainers hold it), and without any fp32 copy."""
+    if _half(ctx) or not ctx.bf16 or ctx.job.step.optimizer == "none":
+        return []
+    rows: list[Analysed | str] = []
+    if _torch_optimizer(ctx):
+        rows.append(analysed_row(ctx, {"master_weights": "bfloat16"},
+                                 note="forward and backward in bf16; the update in fp32 on master copies, "
+                                      "with fp32 gradients at the step (Megatron-LM, DeepSpeed bf16)"))
+    rows.append(analysed_row(ctx, {"dtype": "bfloat16"},
+                             note="model.to(bfloat16) before the optimizer is built: updates are rounded "
+                                  "to bf16 (stochastic rounding or Kahan summation recommended)"))
+    return rows
+
+
+def optimizer_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """Other optimizers: the 8-bit version of the job's own (else 8-bit AdamW), SGD with
+    momentum, SGD, AdamW (training)."""
+    current = ctx.job.step.optimizer
+    same = {"adam": "adamw"}.get(current, current)  # Adam and AdamW hold the same state
+    candidates = [eight_bit_version(current) or "adamw8bit", "sgd-momentum", "sgd", "adamw"]
+    names = list(dict.fromkeys(n for n in candidates if n not in (current, same)))
+    skipped: list[Analysed | str] = []
+    if ctx.job.parallel is not None and any(n in FORMULA_OPTIMIZERS for n in names):
+        # their stand-in sizes the state of the whole parameter, not of the rank's shard
+        skipped.append("8-bit optimizers: not analysed with --parallel (their state is sized for whole "
+                       "parameters, not for each GPU's shard)")
+        names = [n for n in names if n not in FORMULA_OPTIMIZERS]
+    return skipped + [analysed_row(ctx, {"optimizer": name},
+                                   note="state by formula: 1 B per element per state + a float32 absmax per 256"
+                                   if name in FORMULA_OPTIMIZERS else "")
+                      for name in names]
+
+
+def accumulation_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """The same samples per step in 2 or 4 micro-batches (training)."""
+    base = ctx.job.step.grad_accum
+    batch = ctx.batch or 1
+    norm = "; BatchNorm normalises over each micro-batch" if ctx.facts.batch_norm else ""
+    return [analysed_row(ctx, {"batch": batch // k, "grad_accum": k * base},
+                         note=f"same {batch * base} samples per optimizer step{norm}")
+            for k in (2, 4) if batch % k == 0]
+
+
+def half_precision_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """Weights (and float inputs) in bf16 or fp16 (inference)."""
+    if _half(ctx):
+        return []
+    return [analysed_row(ctx, {"dtype": name}, note="float inputs converted too")
+            for name in _HALF if name == "float16" or ctx.bf16]
+
+
+def prune_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """torch.nn.utils.prune as it behaves (analysed), and layers made smaller (formula)."""
+    amount = ctx.prune_amount
+    # a pruned module's recomputed weight is no leaf: the sharding engines' copy of the model
+    # (deepcopy) refuses it, so torch.nn.utils.prune is analysed on one device only
+    pruned: list[Analysed | str] = [
+        analysed_row(ctx, {"prune_amount": amount},
+                     note="keeps weight_orig + a weight_mask buffer + the recomputed weight"),
+        analysed_row(ctx, {"prune_amount": amount, "prune_remove": True},
+                     note="zeros stored densely take as many bytes")] if ctx.job.parallel is None else [
+        "torch.nn.utils.prune: not analysed with --parallel (the sharded copy of a pruned model fails)"]
+    shrunk = Fraction(amount).limit_denominator(1000) * Fraction(ctx.facts.prunable_bytes,
+                                                                 max(ctx.facts.params_bytes, 1))
+    return [
+        *pruned,
+        scaled_row(ctx, None, {"shrink": amount}, shrink_scaling(shrunk),
+                   note=(f"pruned layers' parameters (and gradients, optimizer state) x {1 - amount:g}; "
+                         "activations kept (upper bound); needs retraining")),
+    ]
+
+
+def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed | str]:
+    """ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 without resharding after forward over
+    ``world_size`` GPUs; FSDP2 over 2, 4, 8, ... GPUs up to the first degree that fits (and
+    ``world_size``); each analysed by running the engine (per GPU, the highest rank).  None when
+    the job is already parallel or only one GPU is available."""
+    n = ctx.world_size
+    if ctx.job.parallel is not None or n < 2:
+        return []
+    base = dict(on.row.changes) if on is not None else {}
+    rows: list[Analysed | str] = [
+        analysed_row(ctx, {**base, "parallel": f"zero1={n}"}, note="communication as DDP"),
+        analysed_row(ctx, {**base, "parallel": f"fsdp={n}:keep"},
+                     note="all-gathers once per step; gradients reduce-scattered")]
+    # FSDP2 (ZeRO-3) at each power-of-two degree up to the first that fits, and at world_size
+    degrees = [d for d in (2, 4, 8, 16, 32, 64, 128, 256, 512) if d < n] if on is None else []
+    for degree in [*degrees, n]:
+        row = analysed_row(ctx, {**base, "parallel": f"fsdp={degree}"},
+                           note="1.5x DDP's communication; all-gathers in forward and backward")
+        rows.append(row)
+        if isinstance(row, Analysed) and row.row.fits:
+            break
+    return rows
+
+
+def offload_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed | str]:
+    """The optimizer step and its state on the host (ZeRO-Offload), alone or on top of ``on``:
+    analysed as the device's forward and backward, the gradients leaving it at the step.  Only
+    from a GPU (the CPU target is the host)."""
+    changes = merge(on.row.changes if on is not None else {}, {"offload": "optimizer"})
+    if changes is None or ctx.job.step.optimizer == "none" or ctx.job.device != "cuda":
+        return []
+    made = analysed_row(ctx, changes)
+    if isinstance(made, str) or made.prediction is None:
+        return [made]
+    moved = format_bytes(made.prediction.mode_report.params_bytes)
+    note = (f"as DeepSpeed's offload_optimizer: every optimizer step, {moved} of gradients to the host and {moved} "
+            "of weights back over PCIe, and the update on the CPU (FSDP2's CPUOffloadPolicy also keeps the "
+            "weights there: less on the GPU)")
+    return [Analysed(replace(made.row, note=note), made.prediction)]
+
+
+def quantization_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed]:
+    """int8 / int4 weight-only quantization of the Linear layers (inference; formula)."""
+    weights = ctx.facts.linear_weights
+    if not weights:
+        return []  # no nn.Linear (GPT-2's Conv1D layers are not what torchao quantizes)
+    peak = (on.prediction if on is not None and on.prediction is not None else ctx.base).peak_bytes
+    dtype = on.row.changes.get("dtype") if on is not None else None  # weights in the analysed run's dtype
+    base_bytes = sum(r * c * (parse_dtype(dtype).itemsize if dtype else size) for r, c, size in weights)
+    int8 = sum(int8_weight_bytes(r, c) for r, c, _ in weights)
+    int4 = sum(int4_weight_bytes(r, c, ctx.group_size) for r, c, _ in weights)
+    return [formula_row(ctx, {**(on.row.changes if on else {}), "quantize": name}, peak - base_bytes + quantized,
+                        note=f"{note}; fused kernels assumed (no dequantized copy)",
+                        source="analysis + formula" if on else "formula")
+            for name, quantized, note in (("int8", int8, "per-row 2-byte scales"),
+                                          ("int4", int4, f"2-byte scale + zero per {ctx.group_size} weights"))]
+
+
+def sparse_row(ctx: PlanContext) -> Analysed:
+    """Pruned weights stored as CSR sparse matrices (inference; formula)."""
+    density = 1 - Fraction(ctx.prune_amount).limit_denominator(1000)
+    dense = ctx.facts.prunable_bytes
+    sparse = sum(csr_bytes(r, c, density, size) for r, c, size in ctx.facts.prunable_weights)
+    size = ctx.facts.prunable_weights[0][2] if ctx.facts.prunable_weights else 4
+    even = csr_break_even_density(size)
+    return formula_row(ctx, {"sparse": ctx.prune_amount}, ctx.base.peak_bytes - dense + sparse,
+                       note=f"int64 indices: smaller than dense only below {float(even):.0%} density")
