@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,41 @@ class NestedNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(x))
+
+
+class UnusedHead(nn.Module):
+    """Returns (logits, pooled) where the loss uses only the logits: the pooling head's tanh
+    saves its output for a backward that never runs, so that storage's last holder is the
+    saved copy, freed only when the output is dropped (CLIP's and BERT's pooler, MoE router
+    indices)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(64, 64)
+        self.pool = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(x)
+        return self.head(h), torch.tanh(self.pool(h[:, 0]))
+
+
+@functools.lru_cache
+def cached_positions(length: int, dim: int) -> torch.Tensor:
+    """Position features cached by shape, as transformers' rotary and 2D position embeddings are."""
+    return torch.arange(length * dim, dtype=torch.float32).view(length, dim) / (length * dim)
+
+
+class CachedPositions(nn.Module):
+    """Adds position features from a module-level cache: the tensor made by one call is
+    returned to the next, whichever recording made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x + cached_positions(x.shape[1], x.shape[2]))
 
 
 def bf16_mlp() -> nn.Module:

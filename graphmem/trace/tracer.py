@@ -41,8 +41,8 @@ from graphmem.trace._torch_api import (
     DATA_DEPENDENT_ERRORS,
     UnsupportedOperatorException,
     backward_keeping_modes,
-    new_fake_mode,
     quiet_fake_tensor_logs,
+    recording_fake_mode,
     storage_key,
 )
 from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
@@ -106,7 +106,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     step = step or StepConfig()
     recorder = Recorder(rules or rules_for(device))
-    fake_mode = new_fake_mode()
+    fake_mode = recording_fake_mode()
     target = torch.device("cpu" if cuda is not None else device)
     given = model  # errors name the user's class, not the one fully_shard makes
     pipelined = parallel is not None and parallel.pipelined
@@ -522,11 +522,15 @@ def _saving(recorder: Recorder) -> Any:
     form a reference cycle (output -> grad_fn -> saved output) that keeps it alive until the
     garbage collector runs, where the real run frees it at once.  The alias shares the
     storage, so memory is unchanged; its detach is not recorded (no real run performs it).
+    The alias is watched like any tensor the recorder sees: when it is the storage's last
+    holder, its death is what releases the storage.
     """
     def pack(t: torch.Tensor) -> torch.Tensor:
         recorder.mark(t, Role.SAVED)
         with recorder.silenced():
-            return t.detach()
+            alias = t.detach()
+        recorder.mark(alias, Role.SAVED)
+        return alias
     return pack
 
 

@@ -11,7 +11,8 @@ import pytest
 from torch import nn
 
 import graphmem
-from tests.models import ZOO, CheckpointedMLP
+from tests.models import ZOO, CheckpointedMLP, UnusedHead
+from tests.oracles import OPTIMIZERS, measure_training, real_inputs
 from tests.parallel_cases import CASES
 
 
@@ -37,6 +38,16 @@ def test_zoo_releases_equal_checking_every_storage(monkeypatch: pytest.MonkeyPat
 
 def test_checkpointing_releases_equal_checking_every_storage(monkeypatch: pytest.MonkeyPatch) -> None:
     _same(monkeypatch, model=CheckpointedMLP, inputs=["8x128"], mode="train", checkpoint=["Linear"])
+
+
+def test_unused_output_branch_released_with_its_saved_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage whose last holder is the copy saved for backward (an output branch the loss
+    does not use) is released when that copy dies, as in the real run."""
+    _same(monkeypatch, model=UnusedHead, inputs=["8x16x64"], mode="train", optimizer="sgd")
+    measured = measure_training(UnusedHead, real_inputs(("8x16x64",), 100), OPTIMIZERS["sgd"], "sum")
+    predicted = graphmem.analyze(UnusedHead, ["8x16x64"], mode="train", optimizer="sgd")
+    assert predicted.train is not None
+    assert predicted.train.peak_bytes == measured.peak_bytes
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.world_size == 2 and not c.options][:6], ids=lambda c: c.name)

@@ -1,0 +1,58 @@
+"""A fixed sample of the coverage sweep (benchmarks/coverage.py, docs/coverage.md), against real
+CPU execution: one architecture of each kind, built from its shrunk config as the sweep builds it,
+with the inputs the sweep derives, in inference and in a training step (SGD, the model's own loss).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# kind -> model type: a seq2seq LM, a CNN, a windowed vision transformer, a speech seq2seq
+# model, a state-space LM, a masked LM with relative attention, a mixture-of-experts LM
+SAMPLE = {
+    "seq2seq": "bart",
+    "cnn": "resnet",
+    "windowed-vision": "swin",
+    "speech": "whisper",
+    "state-space": "mamba",
+    "masked-lm": "deberta-v2",
+    "moe": "qwen2_moe",
+}
+
+
+def _sweep() -> ModuleType:
+    """benchmarks/coverage.py, imported under its own name (not the `coverage` package)."""
+    name = "graphmem_benchmarks_coverage"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "coverage.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+@pytest.mark.parametrize("model_type", SAMPLE.values(), ids=SAMPLE.keys())
+def test_sample_architecture_matches_real_execution(model_type: str, mode: str) -> None:
+    sweep = _sweep()
+    config = sweep.small_config(model_type)
+    cls, task, params = sweep.first_buildable(config, sweep.candidate_classes(model_type))
+    assert params <= sweep.MAX_PARAMS
+
+    def build() -> object:
+        return cls(copy.deepcopy(config))
+
+    inputs = sweep.input_variants(cls, config, task, mode)[0]
+    measured = sweep.measure(build, mode, inputs)
+    assert sweep.predict(build, mode, inputs) == measured
