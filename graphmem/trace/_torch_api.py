@@ -7,6 +7,7 @@ upgrade that moves one breaks in one place with one clear message.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -38,7 +39,7 @@ __all__ = [
     "backward_keeping_modes",
     "count_flops",
     "current_autograd_node",
-    "new_fake_mode",
+    "recording_fake_mode",
     "quiet_fake_tensor_logs",
     "storage_expired",
     "storage_key",
@@ -80,9 +81,17 @@ class _FakeTensorMode(FakeTensorMode):
                             if isinstance(m, ArgMeta) else m, out)
 
 
-def new_fake_mode() -> FakeTensorMode:
-    """A FakeTensorMode that refuses real tensors, so no real memory can sneak in, and runs
-    graphmem's ``fake_kernel`` rules in place of the meta kernels they replace."""
+@functools.cache
+def recording_fake_mode() -> FakeTensorMode:
+    """The FakeTensorMode every recording runs in: it refuses real tensors, so no real memory
+    can sneak in, and runs graphmem's ``fake_kernel`` rules in place of the meta kernels they
+    replace.
+
+    One per process, not one per recording: model code that caches a tensor by shape
+    (``functools.lru_cache`` on rotary or position embeddings: DINOv3, SAM 3, MaskFormer)
+    hands the tensor cached while recording inference to the training recording, and a fake
+    tensor of another mode is refused ("Mixing fake modes").  Each recording still gets
+    fresh fake parameters and inputs (``to_fake`` of new meta tensors)."""
     return _FakeTensorMode(rules_for("cpu").fake_kernels)  # fake tensors live on the CPU
 
 

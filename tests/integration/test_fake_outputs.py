@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from graphmem.trace._torch_api import DATA_DEPENDENT_ERRORS, new_fake_mode
+from graphmem.trace._torch_api import DATA_DEPENDENT_ERRORS, recording_fake_mode
 from graphmem.trace.recorder import fixed_outputs
 from graphmem.trace.rules import rules_for
 from tests.models import ZOO, ZooModel
@@ -23,7 +23,7 @@ _RULES = rules_for("cpu")
 def _fake_outputs(func: Any, args: Any, kwargs: Any) -> Any:
     """``func`` on fake copies of its inputs, with the rules' output fixes applied as the
     recorder applies them; None when the fake kernel needs the values (an ``item()``)."""
-    mode = new_fake_mode()
+    mode = recording_fake_mode()
     fake_args, fake_kwargs = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
                                       (args, kwargs))
     try:

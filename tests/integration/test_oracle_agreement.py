@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import graphmem
-from tests.models import ZOO, ZooModel
+from tests.models import ZOO, CachedPositions, ZooModel, cached_positions
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs
 
 
@@ -28,3 +28,17 @@ def test_training_peak_matches_real_execution(model: ZooModel, optimizer: str) -
     assert predicted.train.peak_bytes == measured.peak_bytes
     phases = {p.phase: p.peak_bytes for p in predicted.train.phases}
     assert phases == measured.phase_peaks
+
+
+def test_tensor_cached_by_model_code_across_recordings() -> None:
+    """Model code that caches a tensor by shape hands the tensor made while recording inference
+    to the training recording (and to the next analysis): both record, and training matches a
+    real run that makes the tensor itself."""
+    cached_positions.cache_clear()
+    predicted = graphmem.analyze(CachedPositions, ["4x16x32"], mode="both", optimizer="adam")
+    again = graphmem.analyze(CachedPositions, ["4x16x32"], mode="train", optimizer="adam")
+    cached_positions.cache_clear()  # the real run makes its own
+    measured = measure_training(CachedPositions, real_inputs(("4x16x32",), 100), OPTIMIZERS["adam"], "sum")
+    cached_positions.cache_clear()
+    assert predicted.train is not None and again.train is not None
+    assert predicted.train.peak_bytes == again.train.peak_bytes == measured.peak_bytes

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import graphmem
-from graphmem.trace._torch_api import new_fake_mode
+from graphmem.trace._torch_api import recording_fake_mode
 
 aten = torch.ops.aten
 _OFFS = torch.tensor([3, 5, 8], dtype=torch.int32)
@@ -45,7 +45,7 @@ def test_fake_kernel_matches_the_cpu_kernel(layout: str, dtype: torch.dtype, dty
     make_a, make_b, offs = _LAYOUTS[layout]
     a, b = make_a().to(dtype), make_b().to(dtype_b or dtype)
     real = _outcome(lambda: aten._grouped_mm.default(a, b, offs=offs))
-    mode = new_fake_mode()
+    mode = recording_fake_mode()
     fa, fb = mode.from_tensor(a), mode.from_tensor(b)
     fo = None if offs is None else mode.from_tensor(offs)
     with mode:
@@ -61,7 +61,7 @@ def test_out_dtype_other_than_mat_a_is_refused_as_the_kernel_does() -> None:
     a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(3, 16, 8, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="must match `mat_a` dtype"):
         aten._grouped_mm.default(a, b, offs=_OFFS, out_dtype=torch.float32)
-    mode = new_fake_mode()
+    mode = recording_fake_mode()
     with mode, pytest.raises(RuntimeError, match="must match `mat_a` dtype"):
         aten._grouped_mm.default(mode.from_tensor(a), mode.from_tensor(b), offs=mode.from_tensor(_OFFS),
                                  out_dtype=torch.float32)
