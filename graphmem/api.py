@@ -1,11 +1,12 @@
-"""analyze(): the stages in order — job, load, trace, liveness, memory model — nothing else."""
+"""analyze(): the stages in order — job, load, trace, liveness, memory model — nothing else;
+analyze_curve(): the same with the size symbol recorded once for every value."""
 
 from __future__ import annotations
 
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -17,7 +18,15 @@ from graphmem.errors import UserInputError
 from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import Job, make_job
 from graphmem.job.load import ModelSource, construct_model, resolve_target
-from graphmem.job.spec import GenerateSpec, InputSpec, input_symbol, parse_input_spec, validate_inputs
+from graphmem.job.spec import (
+    GenerateSpec,
+    InputSpec,
+    input_symbol,
+    parse_input_spec,
+    spec_at,
+    substitute,
+    validate_inputs,
+)
 from graphmem.job.step import StepConfig, resolve_optimizer
 from graphmem.memory.cuda_replay import model_cuda_allocator
 from graphmem.memory.liveness import POLICIES, compute_lifetimes
@@ -25,11 +34,12 @@ from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.parallel import distinct_ranks
-from graphmem.trace.records import Phase
-from graphmem.trace.rules import Rule, rules_for
+from graphmem.trace.records import Phase, Trace
+from graphmem.trace.rules import Rule, RuleTable, rules_for
+from graphmem.trace.symbolic import trace_at
 from graphmem.trace.tracer import trace_step
 
-__all__ = ["analyze"]
+__all__ = ["PeakCurve", "analyze", "analyze_curve"]
 
 
 def analyze(job: Job | str | ModelSource | None = None,
@@ -74,6 +84,91 @@ def analyze(job: Job | str | ModelSource | None = None,
         answered from ``assume``; reads of anything computed from weights raise TraceError.
         The CUDA target is modelled from PyTorch's source, not yet measured on a GPU.
     """
+    job = _resolved(job, inputs, keywords, policy)
+    if input_symbol(job.inputs) is not None:
+        validate_inputs(job.inputs, symbolic=False)
+    built = _build(job, rules)
+    return _report(job, built, policy, trace_step, [parse_input_spec(text) for text in job.inputs])
+
+
+@dataclass(frozen=True, slots=True)
+class PeakCurve:
+    """One recording of a job for every value of its size symbol (``B`` in ``Bx1000``).
+
+    ``at(value)`` is the MemoryReport ``analyze`` gives at that value, with no new recording,
+    wherever ``holds(value)``: the recording's guards hold there (graphmem.trace.symbolic).
+    ``exact`` is False where the recording kept no size formula (it read input values or
+    bounded a value-dependent size): it then holds at ``hint`` only."""
+
+    job: Job
+    symbol: str
+    hint: int
+    traces: tuple[Trace, ...]
+    policy: str
+    built: _Built
+
+    @property
+    def exact(self) -> bool:
+        return all(t.sizes is not None for t in self.traces)
+
+    def holds(self, value: int) -> bool:
+        """Whether ``at(value)`` equals recording at ``value``."""
+        return value == self.hint or all(t.sizes is not None and t.sizes.holds(value) for t in self.traces)
+
+    def at(self, value: int) -> MemoryReport:
+        """The report at ``value`` (sizes in bytes).
+
+        Raises:
+            ValueError: the recording does not hold at ``value``.
+        """
+        if not self.holds(value):
+            raise ValueError(f"PeakCurve.at: {self.symbol}={value} is outside what the recording at "
+                             f"{self.symbol}={self.hint} holds for")
+        traces = iter(self.traces)
+        replay = lambda *args, **kwargs: (lambda t: t if value == self.hint else trace_at(t, value))(next(traces))
+        job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
+        return _report(job, self.built, self.policy, replay, [spec_at(t, self.symbol, value) for t in self.job.inputs])
+
+
+def analyze_curve(job: Job | str | ModelSource | None = None,
+                  inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor = (),
+                  *, hint: int = 2, rules: Mapping[torch._ops.OpOverload, Rule] | None = None,
+                  policy: str = "observed", **keywords: Any) -> PeakCurve:
+    """Record the job once with its size symbol (one capital letter among the inputs'
+    dimensions: ``Bx1000``, ``input_ids=1xS:int64``) at ``hint``; see PeakCurve.
+
+    Takes what ``analyze`` takes.  Jobs with ``generate`` or ``parallel`` are recorded at
+    ``hint`` alone (the curve then holds at ``hint`` only).
+
+    Raises:
+        UserInputError: no size symbol among the inputs, or a hint below 2.
+    """
+    job = _resolved(job, inputs, keywords, policy)
+    symbol = validate_inputs(job.inputs, symbolic=True)
+    assert symbol is not None, "analyze_curve: validate_inputs returned no symbol"
+    if hint < 2:
+        raise UserInputError(f"a curve is recorded at {symbol} >= 2 (sizes 0 and 1 are special cases); got {hint}")
+    built = _build(job, rules)
+    recorded: list[Trace] = []
+    formula = job.generate is None and job.parallel is None
+
+    def record(*args: Any, **kwargs: Any) -> Trace:
+        trace = None
+        if formula:
+            try:
+                trace = trace_step(*args, **kwargs, symbol=(symbol, hint))
+            except Exception:
+                trace = None
+        recorded.append(trace if trace is not None else trace_step(*args, **kwargs))
+        return recorded[-1]
+
+    at_hint = replace(job, inputs=tuple(substitute(t, symbol, hint) for t in job.inputs))
+    _report(at_hint, built, policy, record, [spec_at(t, symbol, hint) for t in job.inputs])
+    return PeakCurve(job=job, symbol=symbol, hint=hint, traces=tuple(recorded), policy=policy, built=built)
+
+
+def _resolved(job: Job | str | ModelSource | None, inputs: Any, keywords: dict[str, Any], policy: str) -> Job:
+    """The Job analyze() was given or described, with its preset applied; checked."""
     if not isinstance(job, Job):
         job = make_job(keywords.pop("model", job), keywords.pop("inputs", inputs), **keywords)
     elif inputs or keywords:
@@ -83,13 +178,30 @@ def analyze(job: Job | str | ModelSource | None = None,
     job = job.with_preset()
     if not job.inputs and job.generate is None:
         raise UserInputError("no input given; pass at least one --input such as 32x1000")
-    if input_symbol(job.inputs) is not None:
-        validate_inputs(job.inputs, symbolic=False)
+    if job.model is None:
+        raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
+    return job
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """What every recording of a job shares: the built model and the target's rules."""
+
+    module: torch.nn.Module
+    dtype: torch.dtype | None
+    step: StepConfig
+    cuda: tuple[GPU, AllocatorConfig] | None
+    table: RuleTable
+    modeled: frozenset[str]
+    notes: tuple[str, ...]
+
+
+def _build(job: Job, rules: Mapping[torch._ops.OpOverload, Rule] | None) -> _Built:
+    """Build the model (on the meta device), apply fine-tuning, resolve the target."""
     step, cuda = job.step, _cuda_target(job)
     if cuda is not None:
         step = replace(step, optimizer_impl=_cuda_default_impl(step))
-    if job.model is None:
-        raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
+    assert job.model is not None, "_build: a resolved job has a model"
     source = resolve_target(job.model) if isinstance(job.model, str) else job.model
     progress.show(f"building {job.target_name}")
     built = construct_model(source, job.model_kwargs, job.hf_config, device=job.device)
@@ -97,22 +209,29 @@ def analyze(job: Job | str | ModelSource | None = None,
                                 owned=not isinstance(source, torch.nn.Module))
     dtype = None if job.lora is not None else job.dtype  # LoRA: converted before peft, as trainers do
     interrupts.check()
-    built_notes = (built.note,) if built.note else ()  # how it was built, when not on the meta device
     table = rules_for(job.device, rules)
-    modeled = {str(op) for op in table.scratch}
-    specs = [parse_input_spec(text) for text in job.inputs]
+    return _Built(module=module, dtype=dtype, step=step, cuda=cuda, table=table,
+                  modeled=frozenset(str(op) for op in table.scratch),
+                  notes=(built.note,) if built.note else ())  # how it was built, when not on the meta device
+
+
+def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace],
+            specs: list[InputSpec]) -> MemoryReport:
+    """Record (``trace_of``, with trace_step's arguments) each mode the job asks for, then the
+    liveness pass and the memory model on each trace."""
+    module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype
 
     def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
         kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
         what = {"train": "the training step", "inference": "inference"}.get(m, m)
         progress.show(f"recording {what}" + (f" on rank {rank}" if job.parallel is not None else ""))
-        trace = trace_step(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
-                           rules=table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
+        trace = trace_of(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
+                         rules=built.table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
         interrupts.check()
         progress.show(f"analysing {len(trace.ops):,} ops")
-        report = build_mode_report(trace, compute_lifetimes(trace, policy), modeled)
+        report = build_mode_report(trace, compute_lifetimes(trace, policy), set(built.modeled))
         interrupts.check()
-        report = replace(report, assumptions=(*report.assumptions, *built_notes))
+        report = replace(report, assumptions=(*report.assumptions, *built.notes))
         if cuda is None or kernels is None:  # (kernels exist exactly when cuda does)
             return report
         return replace(report, allocator=model_cuda_allocator(report, *cuda, parallel=job.parallel),

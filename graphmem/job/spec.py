@@ -16,9 +16,8 @@ import torch
 from graphmem.errors import UserInputError
 
 __all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "GenerateSpec", "InputSpec",
-           "input_dims",
-           "input_symbol", "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec", "substitute",
-           "validate_inputs"]
+           "input_dims", "input_symbol", "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec",
+           "spec_at", "substitute", "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
 DTYPE_ALIASES: dict[str, torch.dtype] = {
@@ -49,11 +48,16 @@ _SPEC_RE = re.compile(
 
 @dataclass(frozen=True, slots=True)
 class InputSpec:
-    """One example input: its shape, dtype and, for keyword inputs, its name."""
+    """One example input: its shape, dtype and, for keyword inputs, its name.
+
+    ``symbolic``: the dimensions that are the job's size symbol (``B`` in ``Bx1000``) when the
+    input is recorded with that size as a symbol (graphmem.trace.symbolic); ``shape`` then
+    holds the value it has while recording."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
     name: str | None = None
+    symbolic: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         dims = "x".join(str(d) for d in self.shape) or "scalar"
@@ -175,6 +179,13 @@ def substitute(text: str, symbol: str | None, value: int) -> str:
     name, dims, dtype = _split_spec(text)
     dims = [str(value) if symbol and d.strip() == symbol else d for d in dims]
     return f"{name}{'x'.join(dims)}{dtype}"
+
+
+def spec_at(text: str, symbol: str | None, value: int) -> InputSpec:
+    """``text`` parsed with its ``symbol`` dimensions set to ``value`` and marked symbolic."""
+    spec = parse_input_spec(substitute(text, symbol, value))
+    dims = tuple(i for i, d in enumerate(input_dims(text)) if symbol and d == symbol)
+    return InputSpec(spec.shape, spec.dtype, spec.name, dims)
 
 
 def validate_inputs(texts: Sequence[str], *, symbolic: bool | None) -> str | None:

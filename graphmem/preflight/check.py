@@ -15,6 +15,10 @@ analysed to confirm it.  Where the peak is not affine (it moves to another phase
 is quadratic in the sequence, the CUDA allocator rounds), the search keeps a bracket
 [fits, does not fit] and falls back to secant and bisection steps, so it is exact for any
 peak that does not shrink as the dimension grows, in O(log N) analyses at worst.
+
+An analysis is not a recording: the step is recorded at 1 and once with the dimension as a
+symbol (``_Curves``, graphmem.trace.symbolic); every other value is that recording evaluated
+there, while its guards hold.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from graphmem.api import analyze
+from graphmem.api import PeakCurve, analyze, analyze_curve
 from graphmem.errors import UserInputError
 from graphmem.job.job import Job
 from graphmem.job.load import build_model, resolve_target
@@ -100,6 +104,7 @@ class SearchResult:
     affine: bool
     evaluated: tuple[tuple[int, int], ...]  # (value, peak bytes) of every analysis, by value
     limited_by: str | None = None  # the model's limit that stopped the search before the budget did
+    recorded: tuple[int, ...] = ()  # the values the step was recorded at; the others were evaluated
 
 
 def peak_of(report: MemoryReport, mode: str) -> int:
@@ -287,8 +292,9 @@ def search_largest(job: Job, budget: Budget, *, limit: int = 2**31 - 1) -> Searc
         if budget.fits(at_cap):  # the model's own limit comes before the budget's
             return SearchResult(symbol=symbol, max_value=limit, peak_bytes_at_max=at_cap, peak_bytes_at_next=None,
                                 budget=budget, bytes_per_unit=None, fixed_bytes=None, affine=False,
-                                evaluated=((limit, at_cap),), limited_by=cap[1])
-    best, seen = find_largest_fit(lambda v: predict(job, v).peak_bytes, budget.cap_bytes, limit=limit)
+                                evaluated=((limit, at_cap),), limited_by=cap[1], recorded=(limit,))
+    curves = _Curves(job, symbol)
+    best, seen = find_largest_fit(curves.peak_at, budget.cap_bytes, limit=limit)
     near = {v: b for v, b in seen.items() if best // 2 <= v <= 2 * best + 2} if best > 1 else seen
     slope, intercept, _ = fit_line(near if len(near) > 1 else seen)
     worst = max(abs(b - (intercept + slope * v)) / b for v, b in seen.items())
@@ -297,4 +303,30 @@ def search_largest(job: Job, budget: Budget, *, limit: int = 2**31 - 1) -> Searc
                         peak_bytes_at_next=seen[best + 1], budget=budget,
                         bytes_per_unit=round(slope) if fitted else None,
                         fixed_bytes=round(intercept) if fitted else None, affine=fitted and worst <= 1e-3,
-                        evaluated=tuple(sorted(seen.items())))
+                        evaluated=tuple(sorted(seen.items())), recorded=tuple(curves.recorded))
+
+
+class _Curves:
+    """The peak at any value of the job's size symbol, recording as little as it can: batch 1
+    (sizes of 1 are special cases) with numbers, then one recording with the size as a symbol
+    (graphmem.api.analyze_curve) for every value where its guards hold; a value outside them
+    is recorded again there.  A recording that keeps no formula (it read input values, or a
+    kernel needed numbers) holds at its own value only: the rest are recorded with numbers."""
+
+    def __init__(self, job: Job, symbol: str) -> None:
+        self.job, self.symbol = job, symbol
+        self.curves: list[PeakCurve] = []
+        self.recorded: list[int] = []  # the values recorded at, in order
+        self.formula = True  # False once a recording kept no formula
+
+    def peak_at(self, value: int) -> int:
+        for curve in self.curves:
+            if curve.holds(value):
+                return peak_of(curve.at(value), self.job.mode)
+        self.recorded.append(value)
+        if value < 2 or not self.formula:
+            return predict(self.job, value).peak_bytes
+        curve = analyze_curve(self.job, hint=value)
+        self.curves.append(curve)
+        self.formula = curve.exact and any(curve.holds(v) for v in (value - 1, value + 1) if v >= 2)
+        return peak_of(curve.at(value), self.job.mode)

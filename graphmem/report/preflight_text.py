@@ -116,7 +116,7 @@ def search_to_dict(result: SearchResult, context: Context, key: str = "max_batch
             "target": context.target,
             "inputs": list(context.inputs), "device": context.device, "gpu": context.gpu,
             "mode": context.mode,
-            **_budget_dict(result.budget), "analyses": len(result.evaluated),
+            **_budget_dict(result.budget), "analyses": len(result.evaluated), "recorded": list(result.recorded),
             "evaluated": [{"value": v, "peak_bytes": b} for v, b in result.evaluated]}
 
 
@@ -138,12 +138,15 @@ def render_search_table(result: SearchResult, context: Context, units: str = "au
         rows.append([f"bytes per {_unit_word(key)}", fmt(result.bytes_per_unit),
                      f"fitted near the answer, + {fmt(result.fixed_bytes)} fixed ({shape})"])
     done = ", ".join(f"{v}" for v, _ in result.evaluated)
+    recorded = ", ".join(str(v) for v in sorted(result.recorded))
+    records = f"{len(result.recorded)} recording{'s' if len(result.recorded) != 1 else ''} of the step"
     command = key.replace("_", "-")
     answer = f"{command}: {n}" if n else f"{command}: 0 (even {s} = 1 does not fit)"
     if result.limited_by:
         answer += f" (the model's limit, not the budget's: {result.limited_by})"
     return "\n\n".join([header(command, context, fmt=fmt), answer, tabulate(rows, tablefmt="plain"),
-                        f"{len(result.evaluated)} analyses, at {s} = {done}"]) + "\n"
+                        f"{len(result.evaluated)} analyses, at {s} = {done}\n"
+                        f"{records} (at {s} = {recorded}); the other sizes were evaluated from them"]) + "\n"
 
 
 def render_search_json(result: SearchResult, context: Context, units: str = "auto",

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch._refs
+from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -20,6 +22,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
     unset_fake_temporarily,
 )
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, guarding_hint_or_throw
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -39,10 +42,15 @@ __all__ = [
     "backward_keeping_modes",
     "count_flops",
     "current_autograd_node",
-    "recording_fake_mode",
+    "expr_of",
+    "hint_of",
     "quiet_fake_tensor_logs",
+    "recording_fake_mode",
+    "shape_guards",
+    "size_symbol",
     "storage_expired",
     "storage_key",
+    "symbolic_fake_mode",
     "to_fake",
     "unset_fake_temporarily",
 ]
@@ -61,18 +69,27 @@ def _arg_meta(value: Any) -> Any:
     return value
 
 
+# ops whose C++ meta kernel reads sizes as numbers (a guard that pins a size symbol to its
+# value) where torch's Python reference keeps them symbols; used where sizes are symbols
+_SYMBOLIC_REFERENCES: dict[Any, Any] = {torch.ops.aten.constant_pad_nd.default: torch._refs.constant_pad_nd}
+
+
 class _FakeTensorMode(FakeTensorMode):
     """FakeTensorMode with some meta kernels replaced by graphmem's ``fake_kernel`` rules
     (graphmem.trace.rules): where torch's meta kernel refuses inputs the real kernel accepts.
     The rule sees metadata only; its answer becomes fake outputs on the inputs' device."""
 
-    def __init__(self, kernels: Mapping[torch._ops.OpOverload, Any]) -> None:
-        super().__init__(allow_non_fake_inputs=False)
+    def __init__(self, kernels: Mapping[torch._ops.OpOverload, Any], shape_env: ShapeEnv | None = None) -> None:
+        super().__init__(allow_non_fake_inputs=False, shape_env=shape_env)
         self._kernels = kernels
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kernel = self._kernels.get(func)
         if kernel is None:
+            reference = _SYMBOLIC_REFERENCES.get(func) if self.shape_env is not None else None
+            if reference is not None:
+                with self:
+                    return reference(*args, **(kwargs or {}))
             return super().dispatch(func, types, args, kwargs or {})
         device = next(t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
         out = kernel(tree_map(_arg_meta, tuple(args)), tree_map(_arg_meta, dict(kwargs or {})))
@@ -93,6 +110,49 @@ def recording_fake_mode() -> FakeTensorMode:
     tensor of another mode is refused ("Mixing fake modes").  Each recording still gets
     fresh fake parameters and inputs (``to_fake`` of new meta tensors)."""
     return _FakeTensorMode(rules_for("cpu").fake_kernels)  # fake tensors live on the CPU
+
+
+def symbolic_fake_mode() -> FakeTensorMode:
+    """A FakeTensorMode like ``recording_fake_mode``'s, with its own ShapeEnv: sizes may be
+    symbols (``size_symbol``), and every decision taken on one is kept as a guard.  Ops whose
+    output shape or value depends on values raise as in the concrete mode (no unbacked sizes)."""
+    env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+    mode = _FakeTensorMode(rules_for("cpu").fake_kernels, shape_env=env)
+    return mode
+
+
+MAX_SYMBOLIC_SIZE = 2**40  # the largest value a size symbol is assumed to take
+
+
+def size_symbol(mode: FakeTensorMode, name: str, hint: int) -> torch.SymInt:
+    """A new size symbol of ``mode``'s ShapeEnv whose value while recording is ``hint`` (>= 2:
+    PyTorch specialises sizes 0 and 1)."""
+    env = mode.shape_env
+    assert env is not None and hint >= 2, "size_symbol: a symbolic mode and a hint >= 2"
+    source = ConstantSource(f"graphmem_{name}")
+    expr = env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+    # a size fits an int64 index: an open slice ``x[:, 0:]`` (end = INT64_MAX, clamped to
+    # the size) then simplifies to the whole dimension, a view, as it does with numbers
+    env.constrain_symbol_range(expr, compiler_min=2, compiler_max=MAX_SYMBOLIC_SIZE)
+    value = env.create_symintnode(expr, hint=hint, source=source)
+    assert isinstance(value, torch.SymInt), f"size_symbol: {name}={hint} was specialised"
+    return value
+
+
+def hint_of(value: Any) -> int:
+    """The value a size has while recording, without adding a guard (an int stays itself)."""
+    return int(guarding_hint_or_throw(value)) if isinstance(value, torch.SymInt) else int(value)
+
+
+def expr_of(value: Any) -> Any:
+    """A size as a sympy expression of the size symbols (an int stays itself)."""
+    return value.node.expr if isinstance(value, torch.SymInt) else int(value)
+
+
+def shape_guards(mode: FakeTensorMode) -> tuple[Any, ...]:
+    """The conditions on size symbols that the recording took as given (sympy booleans)."""
+    env = mode.shape_env
+    return tuple(guard.expr for guard in env.guards) if env is not None else ()
 
 
 def to_fake(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -143,15 +203,17 @@ def quiet_fake_tensor_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
-    """FLOPs of one aten op from torch.utils.flop_counter's formulas (0 for ops it has none for)."""
+def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+    """FLOPs of one aten op from torch.utils.flop_counter's formulas (0 for ops it has none
+    for): an int, or a SymInt where the sizes are symbols."""
     formula = flop_registry.get(func.overloadpacket)
     if formula is None:
         return 0
     try:
-        return int(formula(*args, **kwargs, out_val=out))
+        value = formula(*args, **kwargs, out_val=out)
     except Exception:  # a formula that does not accept this overload's arguments
         return 0
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def backward_keeping_modes(loss: torch.Tensor) -> None:

@@ -21,13 +21,19 @@ from graphmem.trace.records import Role
 __all__ = ["fake_inputs", "fake_parameters", "fake_copy"]
 
 
-def fake_inputs(inputs: Sequence[InputSpec], mode: FakeTensorMode,
-                device: torch.device) -> tuple[list[Any], dict[str, Any]]:
-    """Fake example inputs: unnamed ones positional, named ones keyword arguments."""
+def fake_inputs(inputs: Sequence[InputSpec], mode: FakeTensorMode, device: torch.device,
+                symbol: torch.SymInt | None = None) -> tuple[list[Any], dict[str, Any]]:
+    """Fake example inputs: unnamed ones positional, named ones keyword arguments.  With a
+    ``symbol``, each spec's ``symbolic`` dimensions are that size symbol."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     for spec in inputs:
-        fake = to_fake(mode, torch.empty(spec.shape, dtype=spec.dtype, device="meta"), device)
+        if symbol is not None and spec.symbolic:
+            with mode:
+                shape = [symbol if i in spec.symbolic else d for i, d in enumerate(spec.shape)]
+                fake = torch.empty(shape, dtype=spec.dtype, device=device)
+        else:
+            fake = to_fake(mode, torch.empty(spec.shape, dtype=spec.dtype, device="meta"), device)
         if spec.name:
             kwargs[spec.name] = fake
         else:

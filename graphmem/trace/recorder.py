@@ -41,6 +41,8 @@ from graphmem.trace._torch_api import (
     autograd_sequence_nr,
     count_flops,
     current_autograd_node,
+    expr_of,
+    hint_of,
     storage_expired,
     storage_key,
     unset_fake_temporarily,
@@ -58,6 +60,12 @@ _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 # real run input and output are one tensor, so only the output is counted.
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
 _FAKES_ON = torch.device("cpu")
+# size queries that reach the mode when sizes are symbols (graphmem.trace.symbolic): no
+# tensor, no memory, and not dispatched at all when sizes are numbers, so never recorded
+_SIZE_QUERIES = frozenset(getattr(packet, overload) for packet in (
+    torch.ops.aten.size, torch.ops.aten.stride, torch.ops.aten.numel, torch.ops.aten.storage_offset,
+    torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_numel, torch.ops.aten.sym_storage_offset)
+    for overload in packet.overloads())
 _PROGRESS_EVERY = 4096  # recorded ops between progress lines
 # what a value-dependent op is called in a note
 _BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique"}
@@ -134,18 +142,28 @@ def _real_dtype_error(func: Any, args: Any, kwargs: Any) -> str:
 
 
 class _Storage:
-    """Mutable bookkeeping for one storage while recording; frozen into StorageRecord."""
+    """Mutable bookkeeping for one storage while recording; frozen into StorageRecord.
 
-    __slots__ = ("sid", "cdata", "ref", "nbytes", "created", "released", "roles", "label", "shape", "dtype")
+    Where sizes are symbols (graphmem.trace.symbolic), ``nbytes`` and ``shape`` are their
+    values while recording and ``sizes`` holds (bytes, shape) as expressions of the symbols."""
 
-    def __init__(self, sid: int, ref: StorageWeakRef, nbytes: int, created: int,
+    __slots__ = ("sid", "cdata", "ref", "nbytes", "created", "released", "roles", "label", "shape", "dtype",
+                 "sizes")
+
+    def __init__(self, sid: int, ref: StorageWeakRef, nbytes: Any, created: int,
                  t: torch.Tensor) -> None:
-        self.sid, self.ref, self.nbytes, self.created = sid, ref, nbytes, created
+        self.sid, self.ref, self.created = sid, ref, created
         self.cdata = ref.cdata  # the weak reference's handle: the key of the live tables
         self.released: int | None = None
         self.roles: set[Role] = set()
         self.label = ""
-        self.shape, self.dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
+        self.dtype = str(t.dtype).removeprefix("torch.")
+        shape = tuple(t.shape)
+        self.sizes: tuple[Any, tuple[Any, ...]] | None = None
+        if isinstance(nbytes, torch.SymInt) or any(isinstance(d, torch.SymInt) for d in shape):
+            self.sizes = (expr_of(nbytes), tuple(expr_of(d) for d in shape))
+            nbytes, shape = hint_of(nbytes), tuple(hint_of(d) for d in shape)
+        self.nbytes, self.shape = nbytes, shape
 
 
 class Recorder(TorchDispatchMode):
@@ -177,6 +195,10 @@ class Recorder(TorchDispatchMode):
         self.shadows = Shadows()
         self._dtype_checked: dict[Any, str] = {}
         self.kept: float | None = None  # --assume nonzero=F: value-dependent sizes at F of their most
+        # sizes as symbols (graphmem.trace.symbolic): op index -> (scratch bytes, flops) as
+        # expressions, for the ops where either is one
+        self.op_sizes: dict[int, tuple[Any, Any]] = {}
+        self.bounded = False  # a value-dependent op was recorded at its bound
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -224,7 +246,7 @@ class Recorder(TorchDispatchMode):
         so): its old size was live until the last op, the new one is live from the next."""
         cdata, ref, nbytes = storage_key(local_tensor(t))
         rec = self._live.get(cdata)
-        if rec is not None and rec.nbytes == nbytes:
+        if rec is not None and (rec.sizes[0] if rec.sizes else rec.nbytes) == expr_of(nbytes):
             return
         if rec is not None:
             if rec.created == len(self.ops):  # grown and freed between the same two ops: never live
@@ -232,7 +254,7 @@ class Recorder(TorchDispatchMode):
             rec.released = max(len(self.ops) - 1, rec.created)
             del self._live[cdata]
             self._polled.discard(cdata)
-        if nbytes:
+        if hint_of(nbytes):
             new = _Storage(len(self.storages), ref, nbytes, len(self.ops), t)
             new.roles = {*(rec.roles if rec is not None else ()), Role.COMMUNICATION}
             new.label = rec.label if rec is not None else ""
@@ -333,7 +355,7 @@ class Recorder(TorchDispatchMode):
         device = kwargs.get("device")
         if isinstance(device, torch.device) and device.type == "cuda":  # the user's device="cuda":
             kwargs = {**kwargs, "device": _FAKES_ON}  # the fakes live on the CPU (graphmem.job.devices)
-        if self._silent or func.namespace in ("prim", "profiler"):  # device queries, profiler marks
+        if self._silent or func.namespace in ("prim", "profiler") or func in _SIZE_QUERIES:  # queries, marks
             return func(*args, **kwargs)
         interrupts.check()  # a safe point for Ctrl-C (graphmem.interrupts): an op about to be recorded
         self.poll()
@@ -358,10 +380,13 @@ class Recorder(TorchDispatchMode):
         recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
         if index % _PROGRESS_EVERY == 0 and progress.active():
             progress.show(f"recording: iteration {self.iteration + 1}, {self.phase.value}, {index:,} ops")
+        flops = count_flops(func, args, kwargs, out)
+        if isinstance(scratch, torch.SymInt) or isinstance(flops, torch.SymInt):
+            self.op_sizes[index] = (expr_of(scratch), expr_of(flops))
+            scratch, flops = hint_of(scratch), hint_of(flops)
         self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
-                                 outputs=out_sids, scratch_bytes=scratch,
-                                 flops=count_flops(func, args, kwargs, out), recompute=recompute))
+                                 outputs=out_sids, scratch_bytes=scratch, flops=flops, recompute=recompute))
         return out
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -393,7 +418,9 @@ class Recorder(TorchDispatchMode):
             bound = output_bounds(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
         except NotImplementedError:
             raise exc from None
-        count = bound.count if self.kept is None else min(bound.count, math.ceil(bound.count * self.kept))
+        most = hint_of(bound.count)  # with sizes as symbols, the trace is then not kept as a formula
+        count = most if self.kept is None else min(most, math.ceil(most * self.kept))
+        self.bounded = True
         outs = tuple(torch.empty(shape, dtype=dtype)
                      for shape, (_, dtype) in zip(bound.shapes(count), bound.outputs, strict=True))
         name, module = _BOUNDED_NAMES.get(func.__name__.split(".")[0], func.__name__.split(".")[0]), self.pending[1]
@@ -402,7 +429,7 @@ class Recorder(TorchDispatchMode):
             note = (f"upper bound: {where} depends on values; recorded keeping all {count:,} elements, the most "
                     "it can (declare a fraction with --assume nonzero=0.5)")
         else:
-            note = (f"{where} depends on values; recorded keeping {count:,} of {bound.count:,} elements, "
+            note = (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
                     f"as declared with --assume nonzero={self.kept:g}")
         if note not in self.assumptions:
             self.assumptions.append(note)
@@ -441,7 +468,7 @@ class Recorder(TorchDispatchMode):
         self.shadows.attach(args, kwargs, fake, real)
         return fake
 
-    def _scratch(self, func: Any, args: Any, kwargs: Any) -> int:
+    def _scratch(self, func: Any, args: Any, kwargs: Any) -> Any:
         rule = self._rules.scratch.get(func)
         if rule is None:
             return 0
@@ -464,8 +491,8 @@ class Recorder(TorchDispatchMode):
         return node
 
     def _node_of(self, value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
+        if not isinstance(value, torch.Tensor):  # a size symbol: its value while recording
+            return hint_of(value) if isinstance(value, torch.SymInt) else value
         node = self._nodes.get(value)
         if node is None:
             self._constants += 1

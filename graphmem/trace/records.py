@@ -6,12 +6,14 @@ named ``*_bytes``; positions are int op indices ("steps").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum, unique
+from typing import Any
 
 import torch
 
-__all__ = ["Phase", "Role", "OpRecord", "StorageRecord", "Trace"]
+__all__ = ["Phase", "Role", "OpRecord", "StorageRecord", "SymbolicSizes", "Trace"]
 
 
 @unique
@@ -78,6 +80,38 @@ class StorageRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SymbolicSizes:
+    """The sizes of a trace recorded with one size as a symbol (graphmem.trace.symbolic).
+
+    ``storages``: storage id -> (bytes, shape) as expressions, for the storages whose size
+    depends on the symbol; ``ops``: op index -> (scratch bytes, FLOPs) likewise; ``guards``:
+    the conditions the recording took as given (sympy booleans)."""
+
+    name: str
+    symbol: Any  # sympy.Symbol
+    hint: int
+    storages: Mapping[int, tuple[Any, tuple[Any, ...]]]
+    ops: Mapping[int, tuple[Any, Any]]
+    guards: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        if self.hint < 2:
+            raise ValueError(f"SymbolicSizes: hint {self.hint} < 2 (sizes 0 and 1 are specialised)")
+
+    def holds(self, value: int) -> bool:
+        """Whether the recorded step is the step at ``value``: every guard holds there."""
+        if value < 2:
+            return False
+        point = {self.symbol: value}
+        for guard in self.guards:
+            if guard.free_symbols - {self.symbol}:
+                return False
+            if not bool(guard.xreplace(point)):
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     """Stage 2's output: the recorded fx graph, its ops and its storages."""
 
@@ -88,3 +122,5 @@ class Trace:
     optimizer: str | None
     assumptions: tuple[str, ...] = ()
     kv_cache_bytes: int = 0  # generation: the KV cache at the end
+    # recorded with a size as a symbol: the sizes as expressions (graphmem.trace.symbolic)
+    sizes: SymbolicSizes | None = None

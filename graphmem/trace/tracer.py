@@ -41,9 +41,13 @@ from graphmem.trace._torch_api import (
     DATA_DEPENDENT_ERRORS,
     UnsupportedOperatorException,
     backward_keeping_modes,
+    expr_of,
     quiet_fake_tensor_logs,
     recording_fake_mode,
+    shape_guards,
+    size_symbol,
     storage_key,
+    symbolic_fake_mode,
 )
 from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
 from graphmem.trace.cuda_kernels import CudaKernels
@@ -61,7 +65,7 @@ from graphmem.trace.parallel import (
     zero_partition,
 )
 from graphmem.trace.recorder import Recorder
-from graphmem.trace.records import Phase, Role, Trace
+from graphmem.trace.records import Phase, Role, SymbolicSizes, Trace
 from graphmem.trace.replica import optimizer_scalar_reads
 from graphmem.trace.rules import RuleTable, rules_for
 from graphmem.trace.values import default_assumption, describe
@@ -77,7 +81,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                dtype: torch.dtype | None = None,
                rules: RuleTable | None = None, cuda: CudaKernels | None = None,
                assume: Mapping[str, str] | None = None, parallel: ParallelSpec | None = None,
-               rank: int = 0) -> Trace:
+               rank: int = 0, symbol: tuple[str, int] | None = None) -> Trace:
     """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
@@ -94,6 +98,9 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             for answering value reads; see graphmem.trace.values for the defaults.
         parallel: data-parallel or sharded training (graphmem.trace.parallel); the trace is
             then ``rank``'s, with a fake process group of the spec's world size.
+        symbol: (letter, value): the inputs' ``symbolic`` dimensions are recorded as one size
+            symbol with that value; the trace's ``sizes`` then give its sizes at any value
+            where its guards hold (graphmem.trace.symbolic).
 
     Returns:
         The Trace.
@@ -106,7 +113,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     step = step or StepConfig()
     recorder = Recorder(rules or rules_for(device))
-    fake_mode = recording_fake_mode()
+    fake_mode = symbolic_fake_mode() if symbol is not None else recording_fake_mode()
+    size = size_symbol(fake_mode, symbol[0], symbol[1]) if symbol is not None else None
     target = torch.device("cpu" if cuda is not None else device)
     given = model  # errors name the user's class, not the one fully_shard makes
     pipelined = parallel is not None and parallel.pipelined
@@ -118,7 +126,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
         pipeline: _Pipeline | None = None
         if parallel is not None and pipelined:
-            pipeline = _Pipeline(model, parallel, rank, fake_mode, fake_inputs(inputs, fake_mode, target), step)
+            pipeline = _Pipeline(model, parallel, rank, fake_mode, fake_inputs(inputs, fake_mode, target, size), step)
             applied: Applied | None = Applied(model=pipeline.stage_module, inner=pipeline.stage_module, buffers=[])
         else:
             applied = apply_parallel(model, parallel, fake_mode) if parallel else None
@@ -126,7 +134,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         if applied:  # the parameters now are the engine's (sharded) ones
             names = _parameter_names(inner)
         with recorder.tracking_modules(inner):
-            args, kwargs = pipeline.inputs if pipeline else fake_inputs(inputs, fake_mode, target)
+            args, kwargs = pipeline.inputs if pipeline else fake_inputs(inputs, fake_mode, target, size)
             for tensor, (name, role) in names.items():
                 recorder.add_placeholder(tensor, name)
                 recorder.mark(tensor, role, name, owner=name)
@@ -151,9 +159,15 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                         kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
                 recorder.poll(everything=True)
     notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
+    sizes = None
+    if size is not None and not recorder.shadows.used and not recorder.bounded:  # else: values at the hint
+        assert symbol is not None
+        sizes = SymbolicSizes(name=symbol[0], symbol=expr_of(size), hint=symbol[1],
+                              storages={s.sid: s.sizes for s in recorder.storages if s.sizes is not None},
+                              ops=dict(recorder.op_sizes), guards=shape_guards(fake_mode))
     return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes),
-                 kv_cache_bytes=kv_bytes)
+                 kv_cache_bytes=kv_bytes, sizes=sizes)
 
 
 def _run_generation(model: nn.Module, kwargs: dict[str, Any], recorder: Recorder, mode: str,

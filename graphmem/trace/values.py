@@ -7,6 +7,9 @@ integer input named like ``*mask*`` is all ones (no padding), ``position_ids`` c
 0..S-1 along the last dimension, any other integer input is zeros; ``--assume NAME=VALUE``
 changes one (``ones``, ``zeros``, ``arange`` or an integer).
 
+Where a size is a symbol (graphmem.trace.symbolic), shadows take its value while recording,
+without a guard; a recording whose answers came from shadows then keeps no size formula.
+
 Each assumed input gets a small real *shadow* tensor.  Every op whose tensor arguments all
 have shadows (inputs, or tensors computed from them and from constants such as
 ``torch.arange``) is also run on the shadows, for real, as long as its result has at most
@@ -25,7 +28,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem.trace._torch_api import unset_fake_temporarily
+from graphmem.trace._torch_api import hint_of, unset_fake_temporarily
 
 __all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT"]
 
@@ -70,9 +73,9 @@ class Shadows:
 
     def assume(self, fake: torch.Tensor, name: str, kind: str) -> None:
         """Give input ``fake`` (named ``name``) the value ``kind``."""
-        if fake.numel() <= SHADOW_LIMIT:
+        if hint_of(fake.numel()) <= SHADOW_LIMIT:
             with unset_fake_temporarily():
-                value = _make(kind, tuple(fake.shape), fake.dtype)
+                value = _make(kind, tuple(hint_of(d) for d in fake.shape), fake.dtype)
             self._shadows[fake] = _Shadow(value, frozenset({f"{name}={kind}"}))
 
     def get(self, t: Any) -> _Shadow | None:
@@ -85,7 +88,7 @@ class Shadows:
         if any(self.get(t) is None for t in tensors):
             self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
             return
-        if not outs or any(o.numel() > SHADOW_LIMIT for o in outs) or func.overloadpacket in _UNINITIALISED:
+        if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in _UNINITIALISED:
             return
         self.attach(args, kwargs, out, self.run(func, args, kwargs))
 
@@ -113,7 +116,8 @@ class Shadows:
 
     def run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """``func`` on real shadow values (every tensor argument must have a shadow)."""
-        swap = lambda a: self._shadows[a].value if isinstance(a, torch.Tensor) else a
+        swap = lambda a: self._shadows[a].value if isinstance(a, torch.Tensor) else hint_of(a) \
+            if isinstance(a, torch.SymInt) else a
         real_args, real_kwargs = tree_map(swap, (tuple(args), dict(kwargs)))
         with unset_fake_temporarily():
             return func(*real_args, **real_kwargs)
