@@ -25,14 +25,15 @@ from graphmem.cli.process import GraphmemGroup, print_result, raise_if_interrupt
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import UserInputError
 from graphmem.job.job import ANALYSIS_MODES, Job
+from graphmem.job.spec import input_symbol, parse_sweep
 from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
-from graphmem.preflight.check import PREFLIGHT_MODES, check, search_largest
+from graphmem.preflight.check import PREFLIGHT_MODES, check, search_largest, sweep
 from graphmem.preflight.plan import make_plan
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
 from graphmem.report.files import StagedFiles, staged_files
 from graphmem.report.html import check_html_path, render_html
 from graphmem.report.plan_table import PLAN_RENDERERS
-from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, Context
+from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, SWEEP_RENDERERS, Context
 
 __all__ = ["main"]
 
@@ -117,14 +118,24 @@ def _distinct(**paths: str | None) -> None:
               help="Also write one self-contained page FILE.html (opens offline in any browser): the facts, "
                    "the memory timelines, the categories at the peak, the per-module table and, with "
                    "--parallel, the per-GPU table.")
+@click.option("--sweep", "sweep_text", metavar="LETTER=LO..HI", default=None,
+              help="Peak memory against the dimension written as LETTER in --input (Bx1000, input_ids=1xS:int64): "
+                   "B=1..64 (every value up to 32 of them, else 32 spread on a log scale) or B=1,8,32; one "
+                   "recording covers every value its size decisions hold for. With --gpu, the GPU's memory "
+                   "is the budget line.")
 def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth: int, top: int,
                     timeline: str | None, snapshot: str | None, dot: str | None, collapse: str,
-                    html: str | None, **options: Any) -> None:
+                    html: str | None, sweep_text: str | None, **options: Any) -> None:
     """Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.
 
     Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
     """
     _distinct(output=output, timeline=timeline, snapshot=snapshot, dot=dot, html=html)
+    if sweep_text is not None:
+        drawn = {"--timeline": timeline, "--snapshot": snapshot, "--dot": dot, "--html": html}
+        _sweep_command(sweep_text, fmt, units, output, debug, [name for name, path in drawn.items() if path],
+                       options)
+        return
     with _analysis(debug):
         report = analyze(job_from(options))
         text = RENDERERS[fmt](report, units, depth=depth, top=top)
@@ -136,6 +147,30 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
             Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
 
     _write(text, output, debug, files)
+
+
+def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: bool, files: list[str],
+                   options: dict[str, Any]) -> None:
+    """``analyze --sweep``: the peaks at each value (graphmem.preflight.check.sweep)."""
+    with _analysis(debug):
+        if files:
+            raise UserInputError(f"{', '.join(files)} draw one analysis; --sweep makes one per value: drop one "
+                                 "or the other")
+        if fmt not in SWEEP_RENDERERS:
+            raise UserInputError(f"--sweep prints a table or JSON; got --format {fmt}")
+        letter, values = parse_sweep(text)
+        job = job_from(options)
+        symbol = input_symbol(job.with_preset().inputs)
+        if symbol != letter:
+            where = f"the inputs use {symbol}" if symbol else "no input has a capital-letter dimension"
+            raise UserInputError(f"--sweep {text} sweeps {letter}, but {where}; write it in --input, e.g. "
+                                 f"--input {letter}x1000")
+        gpu = get_gpu(options["gpu"]) if options["gpu"] else None
+        result = sweep(job, values, resolve_budget(None, gpu) if gpu else None)
+        context = Context(target=job.target_name, inputs=job.with_preset().inputs, device=job.device,
+                          mode=job.mode, gpu=gpu.name if gpu else None)
+        rendered = SWEEP_RENDERERS[fmt](result, context, units)
+    _write(rendered, output, debug)
 
 
 # ---------------------------------------------------------------------------------------------

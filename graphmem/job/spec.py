@@ -17,7 +17,7 @@ from graphmem.errors import UserInputError
 
 __all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "GenerateSpec", "InputSpec",
            "input_dims", "input_symbol", "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec",
-           "spec_at", "substitute", "validate_inputs"]
+           "parse_sweep", "spec_at", "substitute", "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
 DTYPE_ALIASES: dict[str, torch.dtype] = {
@@ -186,6 +186,36 @@ def spec_at(text: str, symbol: str | None, value: int) -> InputSpec:
     spec = parse_input_spec(substitute(text, symbol, value))
     dims = tuple(i for i, d in enumerate(input_dims(text)) if symbol and d == symbol)
     return InputSpec(spec.shape, spec.dtype, spec.name, dims)
+
+
+_MAX_SWEEP_ROWS = 32
+
+
+def parse_sweep(text: str) -> tuple[str, tuple[int, ...]]:
+    """``--sweep B=1..64`` or ``B=1,8,32`` -> ("B", values).  A range gives every value when
+    there are at most 32, else 32 values spread evenly on a log scale (both ends included).
+
+    Raises:
+        UserInputError: malformed text, a value below 1, or an empty range.
+    """
+    hint = "expected LETTER=LO..HI or LETTER=A,B,C with positive integers, e.g. B=1..64 or S=512,1024,2048"
+    name, sep, values = text.partition("=")
+    name = name.strip()
+    if not sep or not _SYMBOL_RE.match(name):
+        raise UserInputError(f"malformed --sweep {text!r}; {hint}")
+    low, dots, high = values.partition("..")
+    try:
+        if dots:
+            lo, hi = int(low), int(high)
+            picked: list[int] = list(range(lo, hi + 1)) if hi - lo < _MAX_SWEEP_ROWS else sorted(
+                {round(lo * (hi / lo) ** (i / (_MAX_SWEEP_ROWS - 1))) for i in range(_MAX_SWEEP_ROWS)})
+        else:
+            picked = sorted({int(v) for v in values.split(",")})
+    except (ValueError, ZeroDivisionError):
+        raise UserInputError(f"malformed --sweep {text!r}; {hint}") from None
+    if not picked or picked[0] < 1:
+        raise UserInputError(f"--sweep {text!r} has no value or a value below 1; {hint}")
+    return name, tuple(picked)
 
 
 def validate_inputs(texts: Sequence[str], *, symbolic: bool | None) -> str | None:

@@ -24,7 +24,7 @@ there, while its guards hold.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from graphmem.api import PeakCurve, analyze, analyze_curve
@@ -47,6 +47,9 @@ __all__ = [
     "peak_of",
     "predict",
     "search_largest",
+    "sweep",
+    "Sweep",
+    "SweepPoint",
 ]
 
 PREFLIGHT_MODES = ("train", "inference")
@@ -320,13 +323,57 @@ class _Curves:
         self.formula = True  # False once a recording kept no formula
 
     def peak_at(self, value: int) -> int:
+        return peak_of(self.report_at(value), self.job.mode)
+
+    def report_at(self, value: int) -> MemoryReport:
         for curve in self.curves:
             if curve.holds(value):
-                return peak_of(curve.at(value), self.job.mode)
+                return curve.at(value)
         self.recorded.append(value)
         if value < 2 or not self.formula:
-            return predict(self.job, value).peak_bytes
+            return analyze(replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs)))
         curve = analyze_curve(self.job, hint=value)
         self.curves.append(curve)
         self.formula = curve.exact and any(curve.holds(v) for v in (value - 1, value + 1) if v >= 2)
-        return peak_of(curve.at(value), self.job.mode)
+        return curve.at(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """The peaks at one value of the swept dimension (None: the mode was not analysed)."""
+
+    value: int
+    inference_peak_bytes: int | None
+    train_peak_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """``analyze --sweep``: the peaks against one dimension, from as few recordings as the
+    guards allow (``recorded``); ``budget``: the GPU's memory when one was named."""
+
+    symbol: str
+    points: tuple[SweepPoint, ...]
+    recorded: tuple[int, ...]
+    budget: Budget | None
+    report: MemoryReport  # at the last value: the header's facts
+
+
+def sweep(job: Job, values: Sequence[int], budget: Budget | None = None) -> Sweep:
+    """The peaks of ``job`` (inputs with one size symbol) at each of ``values``.
+
+    Raises:
+        UserInputError: the inputs have no size symbol, or no values.
+    """
+    symbol = validate_inputs(job.inputs, symbolic=True)
+    assert symbol is not None, "sweep: validate_inputs returned no symbol"
+    if not values:
+        raise UserInputError("--sweep names no value")
+    curves = _Curves(job, symbol)
+    points, report = [], None
+    for value in values:
+        report = curves.report_at(value)
+        points.append(SweepPoint(value, peak_of(report, "inference") if report.inference else None,
+                                 peak_of(report, "train") if report.train else None))
+    assert report is not None
+    return Sweep(symbol=symbol, points=tuple(points), recorded=tuple(curves.recorded), budget=budget, report=report)

@@ -1,6 +1,7 @@
-"""Stage 4 for the pre-flight commands: ``check`` and ``max-batch`` / ``max-seq`` answers as
-text or JSON.  ``CHECK_RENDERERS`` and ``SEARCH_RENDERERS`` map each ``--format`` name to
-its function.  JSON sizes are bytes; text sizes follow ``--units``.
+"""Stage 4 for the pre-flight commands: ``check`` and ``max-batch`` / ``max-seq`` answers, and
+``analyze --sweep``'s peak curve, as text or JSON.  ``CHECK_RENDERERS``, ``SEARCH_RENDERERS``
+and ``SWEEP_RENDERERS`` map each ``--format`` name to its function.  JSON sizes are bytes;
+text sizes follow ``--units``.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from graphmem.units import format_bytes
 if TYPE_CHECKING:
     from graphmem.memory.results import MemoryReport
     from graphmem.preflight.budget import Budget
-    from graphmem.preflight.check import CheckResult, SearchResult
+    from graphmem.preflight.check import CheckResult, SearchResult, Sweep, SweepPoint
 
 __all__ = [
     "CHECK_RENDERERS",
     "SEARCH_RENDERERS",
+    "SWEEP_RENDERERS",
     "Context",
     "check_to_dict",
     "header",
     "render_check_table",
     "render_search_table",
     "search_to_dict",
+    "sweep_to_dict",
 ]
 
 _METRIC_WORDS = {"peak_bytes": "tensor bytes at the peak",
@@ -154,5 +157,57 @@ def render_search_json(result: SearchResult, context: Context, units: str = "aut
     return json.dumps(search_to_dict(result, context, key), indent=2) + "\n"
 
 
+_BAR = 30  # characters of the longest bar in the sweep chart
+
+
+def sweep_to_dict(result: Sweep, context: Context) -> dict[str, Any]:
+    """The JSON object of ``graphmem analyze --sweep`` (bytes)."""
+    return {"target": context.target, "inputs": list(context.inputs), "device": context.device,
+            "gpu": context.gpu, "symbol": result.symbol,
+            "points": [{"value": p.value, "inference_peak_bytes": p.inference_peak_bytes,
+                        "train_peak_bytes": p.train_peak_bytes,
+                        **({"fits": _fits(p, result.budget)} if result.budget else {})} for p in result.points],
+            **(_budget_dict(result.budget) if result.budget else {}), "recorded": list(result.recorded)}
+
+
+def _fits(point: SweepPoint, budget: Budget) -> bool:
+    return all(budget.fits(b) for b in (point.inference_peak_bytes, point.train_peak_bytes) if b is not None)
+
+
+def render_sweep_table(result: Sweep, context: Context, units: str = "auto") -> str:
+    """Peak against the swept dimension: one row per value, a bar per row (the highest mode),
+    and with a GPU the budget line (``|`` on the bars) and whether each value fits."""
+    fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
+    highest = [max(b for b in (p.inference_peak_bytes, p.train_peak_bytes) if b is not None) for p in result.points]
+    budget = result.budget.total_bytes if result.budget else None
+    shown = budget is not None and budget <= 2 * max(highest)  # else the bars would be too short to read
+    top = max([*highest, budget if shown and budget else 0])
+    line = round(_BAR * budget / top) if shown and budget else None
+    modes = [(name, key) for name, key in (("inference", "inference_peak_bytes"), ("train", "train_peak_bytes"))
+             if any(getattr(p, key) is not None for p in result.points)]
+    rows = []
+    for point, peak in zip(result.points, highest, strict=True):
+        bar = "█" * max(round(_BAR * peak / top), 1)
+        if line is not None:
+            bar = (bar + " " * _BAR)[:max(len(bar), line)]
+            bar = bar[:line] + "|" + bar[line + 1:] if line < len(bar) else bar + "|"
+        rows.append([f"{result.symbol} = {point.value}", *(fmt(getattr(point, key)) for _, key in modes),
+                     *(["fits" if _fits(point, result.budget) else "does not fit"] if result.budget else []), bar])
+    headers = [result.symbol, *(name for name, _ in modes), *(["budget"] if result.budget else []), "peak"]
+    recorded = ", ".join(str(v) for v in sorted(result.recorded))
+    notes = [f"{len(result.recorded)} recording{'s' if len(result.recorded) != 1 else ''} of the step (at "
+             f"{result.symbol} = {recorded}); the other values were evaluated from them"]
+    if result.budget:
+        where = "| on the bars" if line is not None else "beyond the longest bar"
+        notes.insert(0, f"budget: {fmt(result.budget.total_bytes)} ({result.budget.source}), {where}")
+    return "\n\n".join([header("analyze", context, result.report, fmt), tabulate(rows, headers=headers),
+                        "\n".join(notes)]) + "\n"
+
+
+def render_sweep_json(result: Sweep, context: Context, units: str = "auto") -> str:
+    return json.dumps(sweep_to_dict(result, context), indent=2) + "\n"
+
+
+SWEEP_RENDERERS: dict[str, Callable[..., str]] = {"table": render_sweep_table, "json": render_sweep_json}
 CHECK_RENDERERS: dict[str, Callable[..., str]] = {"table": render_check_table, "json": render_check_json}
 SEARCH_RENDERERS: dict[str, Callable[..., str]] = {"table": render_search_table, "json": render_search_json}

@@ -165,3 +165,43 @@ def test_trace_at_refuses_outside_its_guards() -> None:
     with pytest.raises(ValueError, match="outside"):
         trace_at(trace, 7)
     assert not trace.sizes.holds(1)  # sizes of 1 are special cases: recorded with numbers
+
+
+# --- analyze --sweep ---------------------------------------------------------------------
+
+def _cli(*args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from graphmem.cli import main
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout if result.exit_code == 0 else result.output
+
+
+def test_sweep_json_equals_an_analysis_at_each_value() -> None:
+    code, out = _cli("analyze", "examples/mlp.py:MLP", "--input", "Bx1000", "--sweep", "B=1..5,", "--format", "json")
+    assert code == 2  # malformed: a range takes no list
+    code, out = _cli("analyze", "examples/mlp.py:MLP", "--input", "Bx1000", "--sweep", "B=1,3,40", "--format", "json",
+                     "--device", "cuda", "--gpu", "t4")
+    assert code == 0, out
+    import json
+    data = json.loads(out)
+    assert [p["value"] for p in data["points"]] == [1, 3, 40] and data["recorded"] == [1, 3]
+    for point in data["points"]:
+        report = graphmem.analyze("examples/mlp.py:MLP", [f"{point['value']}x1000"], device="cuda", gpu="t4")
+        assert report.train is not None and report.inference is not None
+        assert point["train_peak_bytes"] == report.train.budget_peak_bytes
+        assert point["inference_peak_bytes"] == report.inference.budget_peak_bytes
+        assert point["fits"] is True
+
+
+def test_sweep_table_and_its_refusals() -> None:
+    code, out = _cli("analyze", "examples/mlp.py:MLP", "--input", "Bx1000", "--sweep", "B=1..4", "--mode", "train")
+    assert code == 0, out
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("B = ")] == \
+        [["B", "=", str(v)] for v in (1, 2, 3, 4)]
+    assert "2 recordings of the step (at B = 1, 2)" in out
+    for args, words in ((["--sweep", "S=1..4"], "sweeps S, but the inputs use B"),
+                        (["--sweep", "B=1..4", "--html", "page.html"], "--html draw one analysis"),
+                        (["--sweep", "B=0..4"], "below 1")):
+        code, out = _cli("analyze", "examples/mlp.py:MLP", "--input", "Bx1000", *args)
+        assert code == 2 and words in out, out

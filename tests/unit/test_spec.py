@@ -49,3 +49,16 @@ def test_unknown_dtype_lists_choices() -> None:
 def test_spec_str_round_trips() -> None:
     spec = InputSpec((2, 128), torch.int64, "input_ids")
     assert parse_input_spec(str(spec)) == spec
+
+
+def test_parse_sweep() -> None:
+    from graphmem.job.spec import parse_sweep
+
+    assert parse_sweep("B=1..4") == ("B", (1, 2, 3, 4))
+    assert parse_sweep("S=512,128,512") == ("S", (128, 512))
+    letter, values = parse_sweep("B=1..1024")
+    assert letter == "B" and len(values) <= 32 and values[0] == 1 and values[-1] == 1024
+    assert list(values) == sorted(set(values))
+    for text in ("b=1..4", "B=", "B=1..x", "X=1..4", "B=0..3", "B=-1,2"):
+        with pytest.raises(UserInputError):
+            parse_sweep(text)
