@@ -46,7 +46,7 @@ from graphmem.preflight.remedies import (
     sharding_rows,
     sparse_row,
 )
-from graphmem.preflight.rows import Analysed, PlanContext, PlanRow, analysed_row, batch_templates
+from graphmem.preflight.rows import Analysed, PlanContext, PlanRow, analysed_row, analysed_rows, batch_templates
 
 __all__ = ["RANKING_RULE", "Plan", "PlanRow", "make_plan", "rank_rows"]
 
@@ -178,14 +178,16 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
 
 
 def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
+    """Each remedy alone; the independent analyses together (in parallel, rows.analysed_rows)."""
     if ctx.job.generate is not None:
-        return [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx)]
+        return analysed_rows(ctx, [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx)])
     if ctx.mode == "train":
-        return [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx), *precision_rows(ctx),
-                *optimizer_rows(ctx), *accumulation_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx),
-                *offload_rows(ctx)]
-    return [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
-            *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])]
+        return [*analysed_rows(ctx, [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx),
+                                     *precision_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
+                                     *prune_rows(ctx)]),
+                *sharding_rows(ctx), *offload_rows(ctx)]
+    return analysed_rows(ctx, [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
+                               *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])])
 
 
 def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | str]:

@@ -1,6 +1,7 @@
 """The remedies ``graphmem plan`` tries, one builder per kind.
 
-Input: a ``PlanContext``.  Output: rows (``Analysed``) or, for a remedy that could not be
+Input: a ``PlanContext``.  Output: rows (``Analysed``), what to analyse (``Request``: the
+plan analyses them together, rows.analysed_rows) or, for a remedy that could not be
 analysed, why (a str).  Each builder offers only what applies to the job: an implementation
 the optimizer has, bf16 only where the target computes in it, sharding only with more than
 one GPU.  Rows that change execution are analysed (rows.analysed_row); the others are
@@ -23,7 +24,7 @@ from graphmem.preflight.formulas import (
     shrink_scaling,
 )
 from graphmem.preflight.ranking import eight_bit_version
-from graphmem.preflight.rows import Analysed, PlanContext, analysed_row, formula_row, scaled_row
+from graphmem.preflight.rows import Analysed, PlanContext, Request, analysed_row, formula_row, scaled_row
 from graphmem.units import format_bytes
 
 __all__ = [
@@ -57,7 +58,7 @@ def _torch_optimizer(ctx: PlanContext) -> bool:
     return name != "none" and name not in FORMULA_OPTIMIZERS and ":" not in name
 
 
-def implementation_rows(ctx: PlanContext) -> list[Analysed | str]:
+def implementation_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """The job's optimizer with its fused or foreach implementation (training): what PyTorch
     picks by default is foreach on CUDA, a for-loop on CPU."""
     if not _torch_optimizer(ctx) or ctx.job.step.optimizer == "lbfgs":
@@ -68,96 +69,96 @@ def implementation_rows(ctx: PlanContext) -> list[Analysed | str]:
     notes = {"fused": "same update in fused kernels: no temporaries the size of the parameters",
              "foreach": "same update in grouped kernels"}
     impls = [i for i in ("fused", "foreach") if i != current and (i != "fused" or ctx.job.step.optimizer in _FUSED)]
-    return [analysed_row(ctx, {"optimizer_impl": impl}, note=notes[impl]) for impl in impls]
+    return [Request({"optimizer_impl": impl}, note=notes[impl]) for impl in impls]
 
 
-def checkpoint_rows(ctx: PlanContext) -> list[Analysed | str]:
+def checkpoint_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """Activation checkpointing of each repeated block class (the outermost first), and for
     the outermost: of every second block, and selectively (matmul outputs kept) (training)."""
     if ctx.job.step.checkpoint:
         return []
-    rows = [analysed_row(ctx, {"checkpoint": [cls]},
+    rows: list[Request | Analysed | str] = [Request({"checkpoint": [cls]},
                          note="non-reentrant torch.utils.checkpoint; backward re-runs the block's forward")
             for cls in ctx.facts.block_classes[:3]]
     for cls in ctx.facts.block_classes[:1]:
-        rows += [analysed_row(ctx, {"checkpoint": [cls], "checkpoint_every": 2},
+        rows += [Request({"checkpoint": [cls], "checkpoint_every": 2},
                               note="half the blocks re-run their forward"),
-                 analysed_row(ctx, {"checkpoint": [cls], "checkpoint_save": ["matmuls"]},
+                 Request({"checkpoint": [cls], "checkpoint_save": ["matmuls"]},
                               note="selective checkpointing: only the cheap ops are recomputed")]
     return rows
 
 
-def amp_rows(ctx: PlanContext) -> list[Analysed | str]:
+def amp_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """bf16 / fp16 autocast (fp16 with a GradScaler when training); bf16 only on a target that
     computes in it."""
     if ctx.job.step.amp or _half(ctx):
         return []
-    return [analysed_row(ctx, {"amp": amp}, note="parameters stay fp32")
+    return [Request({"amp": amp}, note="parameters stay fp32")
             for amp in ("bf16", "fp16") if amp == "fp16" or ctx.bf16]
 
 
-def precision_rows(ctx: PlanContext) -> list[Analysed | str]:
+def precision_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """Training with the weights in bf16: with fp32 master weights and optimizer state (mixed
     precision as trainers hold it), and without any fp32 copy."""
     if _half(ctx) or not ctx.bf16 or ctx.job.step.optimizer == "none":
         return []
-    rows: list[Analysed | str] = []
+    rows: list[Request | Analysed | str] = []
     if _torch_optimizer(ctx):
-        rows.append(analysed_row(ctx, {"master_weights": "bfloat16"},
+        rows.append(Request({"master_weights": "bfloat16"},
                                  note="forward and backward in bf16; the update in fp32 on master copies, "
                                       "with fp32 gradients at the step (Megatron-LM, DeepSpeed bf16)"))
-    rows.append(analysed_row(ctx, {"dtype": "bfloat16"},
+    rows.append(Request({"dtype": "bfloat16"},
                              note="model.to(bfloat16) before the optimizer is built: updates are rounded "
                                   "to bf16 (stochastic rounding or Kahan summation recommended)"))
     return rows
 
 
-def optimizer_rows(ctx: PlanContext) -> list[Analysed | str]:
+def optimizer_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """Other optimizers: the 8-bit version of the job's own (else 8-bit AdamW), SGD with
     momentum, SGD, AdamW (training)."""
     current = ctx.job.step.optimizer
     same = {"adam": "adamw"}.get(current, current)  # Adam and AdamW hold the same state
     candidates = [eight_bit_version(current) or "adamw8bit", "sgd-momentum", "sgd", "adamw"]
     names = list(dict.fromkeys(n for n in candidates if n not in (current, same)))
-    skipped: list[Analysed | str] = []
+    skipped: list[Request | Analysed | str] = []
     if ctx.job.parallel is not None and any(n in FORMULA_OPTIMIZERS for n in names):
         # their stand-in sizes the state of the whole parameter, not of the rank's shard
         skipped.append("8-bit optimizers: not analysed with --parallel (their state is sized for whole "
                        "parameters, not for each GPU's shard)")
         names = [n for n in names if n not in FORMULA_OPTIMIZERS]
-    return skipped + [analysed_row(ctx, {"optimizer": name},
+    return skipped + [Request({"optimizer": name},
                                    note="state by formula: 1 B per element per state + a float32 absmax per 256"
                                    if name in FORMULA_OPTIMIZERS else "")
                       for name in names]
 
 
-def accumulation_rows(ctx: PlanContext) -> list[Analysed | str]:
+def accumulation_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """The same samples per step in 2 or 4 micro-batches (training)."""
     base = ctx.job.step.grad_accum
     batch = ctx.batch or 1
     norm = "; BatchNorm normalises over each micro-batch" if ctx.facts.batch_norm else ""
-    return [analysed_row(ctx, {"batch": batch // k, "grad_accum": k * base},
+    return [Request({"batch": batch // k, "grad_accum": k * base},
                          note=f"same {batch * base} samples per optimizer step{norm}")
             for k in (2, 4) if batch % k == 0]
 
 
-def half_precision_rows(ctx: PlanContext) -> list[Analysed | str]:
+def half_precision_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """Weights (and float inputs) in bf16 or fp16 (inference)."""
     if _half(ctx):
         return []
-    return [analysed_row(ctx, {"dtype": name}, note="float inputs converted too")
+    return [Request({"dtype": name}, note="float inputs converted too")
             for name in _HALF if name == "float16" or ctx.bf16]
 
 
-def prune_rows(ctx: PlanContext) -> list[Analysed | str]:
+def prune_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """torch.nn.utils.prune as it behaves (analysed), and layers made smaller (formula)."""
     amount = ctx.prune_amount
     # a pruned module's recomputed weight is no leaf: the sharding engines' copy of the model
     # (deepcopy) refuses it, so torch.nn.utils.prune is analysed on one device only
-    pruned: list[Analysed | str] = [
-        analysed_row(ctx, {"prune_amount": amount},
+    pruned: list[Request | Analysed | str] = [
+        Request({"prune_amount": amount},
                      note="keeps weight_orig + a weight_mask buffer + the recomputed weight"),
-        analysed_row(ctx, {"prune_amount": amount, "prune_remove": True},
+        Request({"prune_amount": amount, "prune_remove": True},
                      note="zeros stored densely take as many bytes")] if ctx.job.parallel is None else [
         "torch.nn.utils.prune: not analysed with --parallel (the sharded copy of a pruned model fails)"]
     shrunk = Fraction(amount).limit_denominator(1000) * Fraction(ctx.facts.prunable_bytes,

@@ -9,17 +9,24 @@ The remedies themselves are listed in remedies.py.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphmem.errors import GraphmemError
+import torch
+
+from graphmem import interrupts
+from graphmem.errors import GraphmemError, TraceError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.job.parallel import parse_parallel
 from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec, substitute
-from graphmem.memory.results import ModeReport
+from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.changes import describe
 from graphmem.preflight.check import Prediction, predict
@@ -32,12 +39,16 @@ __all__ = [
     "Analysed",
     "PlanContext",
     "PlanRow",
+    "Request",
     "analysed_row",
+    "analysed_rows",
     "batch_templates",
     "formula_row",
     "job_with",
     "recorded_samples",
+    "processes",
     "scaled_row",
+    "without_graphs",
 ]
 
 BATCH = "B"
@@ -202,6 +213,81 @@ def analysed_row(ctx: PlanContext, changes: Mapping[str, Any], *, name: str = ""
                   fits=ctx.budget.fits(prediction.peak_bytes), source=source, effort=effort(changes), note=note,
                   departure=ctx.departure(changes))
     return Analysed(row, prediction)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A row to analyse: its changes, and its name and note when not the default ones."""
+
+    changes: Mapping[str, Any]
+    name: str = ""
+    note: str = ""
+
+
+# the analyses a forked worker process runs (set before the pool forks: nothing is pickled in)
+_PENDING: tuple[tuple[PlanContext, Request], ...] = ()
+
+
+def _analyse_pending(index: int) -> Analysed | str:
+    """One of ``_PENDING``, in a worker process; its reports travel back without their fx graphs."""
+    ctx, request = _PENDING[index]
+    made = analysed_row(ctx, request.changes, name=request.name, note=request.note)
+    if isinstance(made, str) or made.prediction is None:
+        return made
+    return Analysed(made.row, Prediction(made.prediction.peak_bytes, without_graphs(made.prediction.report)))
+
+
+def processes() -> int:
+    """Worker processes for independent analyses: the cores this process may use
+    (``GRAPHMEM_PROCESSES`` overrides; 1 runs them one after another)."""
+    text = os.environ.get("GRAPHMEM_PROCESSES", "")
+    if text.strip().isdigit() and int(text) >= 1:
+        return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -> list[Analysed | str]:
+    """``items`` with each Request analysed (analysed_row), in order.  With more than one core
+    the analyses run in forked worker processes, one per core: each is a recording of its own,
+    independent of the others.  Ctrl-C stops the workers at once."""
+    requests = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
+    workers = min(processes(), len(requests))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [analysed_row(ctx, item.changes, name=item.name, note=item.note) if isinstance(item, Request)
+                else item for item in items]
+    global _PENDING
+    _PENDING = tuple((ctx, request) for request in requests.values())
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    try:
+        pending = [pool.submit(_analyse_pending, n) for n in range(len(requests))]
+        while wait(pending, timeout=0.05).not_done:
+            interrupts.check()
+        done = dict(zip(requests, (p.result() for p in pending), strict=True))
+    except BrokenProcessPool as exc:  # a worker died (killed for memory): say so, do not hang
+        raise TraceError("a worker process analysing a plan row died (out of memory?); run with "
+                         "GRAPHMEM_PROCESSES=1 to analyse the rows one after another") from exc
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():  # an interrupted analysis stops now
+            child.terminate()
+        _PENDING = ()
+    return [done[i] if isinstance(item, Request) else item for i, item in enumerate(items)]
+
+
+def without_graphs(report: MemoryReport) -> MemoryReport:
+    """``report`` with every trace's fx graph left out (the plan reads bytes, not graphs; a
+    graph does not pickle)."""
+    def strip(mode: ModeReport) -> ModeReport:
+        ranks = tuple(replace(r, report=strip(r.report)) for r in mode.ranks)
+        return replace(mode, trace=replace(mode.trace, graph=torch.fx.Graph()), ranks=ranks)
+
+    def maybe(mode: ModeReport | None) -> ModeReport | None:
+        return strip(mode) if mode is not None else None
+    generate = report.generate
+    if generate is not None:
+        generate = replace(generate, prefill=strip(generate.prefill), decode=strip(generate.decode))
+    return replace(report, inference=maybe(report.inference), train=maybe(report.train),
+                   train_without_checkpoint=maybe(report.train_without_checkpoint), generate=generate)
 
 
 def formula_row(ctx: PlanContext, changes: Mapping[str, Any], peak: int, *, note: str,

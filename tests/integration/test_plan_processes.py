@@ -1,0 +1,78 @@
+"""plan analyses its independent rows in worker processes when the machine has more than one
+core (graphmem.preflight.rows.analysed_rows): the same plan as one after another, and Ctrl-C
+stops the workers with the command (exit 130)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from graphmem.job.job import make_job
+from graphmem.preflight.budget import Budget
+from graphmem.preflight.plan import make_plan
+from tests.conftest import ROOT
+from tests.models import ZOO
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_worker_processes_make_the_same_plan(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    model = next(m for m in ZOO if m.name == "gpt")
+    job = make_job(model.build, ("4x16:int64",), mode=mode, loss=model.loss, optimizer="adam")
+    budget = Budget(1 << 20, Fraction(0), "1 MiB")
+    plans = []
+    for count in ("1", "2"):
+        monkeypatch.setenv("GRAPHMEM_PROCESSES", count)
+        plans.append(make_plan(job, budget, world_size=4))
+    one, two = plans
+    assert [(r.name, r.peak_bytes, r.fits, r.source, r.note) for r in one.rows] == \
+        [(r.name, r.peak_bytes, r.fits, r.source, r.note) for r in two.rows]
+    assert one.skipped == two.skipped and len(one.rows) > 5
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads child processes from /proc")
+def test_ctrl_c_stops_the_workers() -> None:
+    env = {**os.environ, "GRAPHMEM_PROCESSES": "2"}
+    process = subprocess.Popen([sys.executable, "-m", "graphmem", "plan", "examples/gpt.py:GPT", "--input",
+                                "8x256:int64", "--loss", "cross_entropy", "--budget", "1MiB"],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: set[int] = set()
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
+        workers |= _children(process.pid) - {process.pid}
+        time.sleep(0.05)
+    assert len(workers) >= 2, "the plan never started its worker processes"
+    time.sleep(0.5)  # they are recording
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, (out, err)
+    assert "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    alive = set()
+    for pid in workers:
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    assert not alive, f"worker processes still running after the command ended: {alive}"
