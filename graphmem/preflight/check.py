@@ -108,6 +108,7 @@ class SearchResult:
     evaluated: tuple[tuple[int, int], ...]  # (value, peak bytes) of every analysis, by value
     limited_by: str | None = None  # the model's limit that stopped the search before the budget did
     recorded: tuple[int, ...] = ()  # the values the step was recorded at; the others were evaluated
+    report_at_max: MemoryReport | None = None  # the analysis at max_value (None when nothing fits)
 
 
 def peak_of(report: MemoryReport, mode: str) -> int:
@@ -306,7 +307,8 @@ def search_largest(job: Job, budget: Budget, *, limit: int = 2**31 - 1) -> Searc
                         peak_bytes_at_next=seen[best + 1], budget=budget,
                         bytes_per_unit=round(slope) if fitted else None,
                         fixed_bytes=round(intercept) if fitted else None, affine=fitted and worst <= 1e-3,
-                        evaluated=tuple(sorted(seen.items())), recorded=tuple(curves.recorded))
+                        evaluated=tuple(sorted(seen.items())), recorded=tuple(curves.recorded),
+                        report_at_max=curves.report_at(best) if best else None)
 
 
 class _Curves:
@@ -321,6 +323,7 @@ class _Curves:
         self.curves: list[PeakCurve] = []
         self.recorded: list[int] = []  # the values recorded at, in order
         self.formula = True  # False once a recording kept no formula
+        self.recorded_reports: dict[int, MemoryReport] = {}  # the values recorded with numbers
 
     def peak_at(self, value: int) -> int:
         return peak_of(self.report_at(value), self.job.mode)
@@ -329,9 +332,13 @@ class _Curves:
         for curve in self.curves:
             if curve.holds(value):
                 return curve.at(value)
+        if value in self.recorded_reports:
+            return self.recorded_reports[value]
         self.recorded.append(value)
         if value < 2 or not self.formula:
-            return analyze(replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs)))
+            job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
+            self.recorded_reports[value] = analyze(job)
+            return self.recorded_reports[value]
         curve = analyze_curve(self.job, hint=value)
         self.curves.append(curve)
         self.formula = curve.exact and any(curve.holds(v) for v in (value - 1, value + 1) if v >= 2)

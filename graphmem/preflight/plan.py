@@ -173,7 +173,9 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
     note = "; ".join(n for n in (per, keep if ctx.mode == "train" and batch < ctx.batch else "") if n)
     name = (f"batch {batch} (the largest that fits)" if search.max_value
             else "batch 1 (the smallest; does not fit)")
-    found.append(analysed_row(ctx, {"batch": batch}, name=name, note=note))
+    known = search.report_at_max  # the search analysed it: no new recording
+    prediction = Prediction(peak_of(known, ctx.job.mode), known) if known is not None and search.max_value else None
+    found.append(analysed_row(ctx, {"batch": batch}, name=name, note=note, prediction=prediction))
     return search
 
 

@@ -195,13 +195,15 @@ def _mode(prediction: Prediction) -> ModeReport:
     return prediction.mode_report
 
 
-def analysed_row(ctx: PlanContext, changes: Mapping[str, Any], *, name: str = "", note: str = "") -> Analysed | str:
-    """Analyse the job with ``changes``; a row, or why it could not be analysed.  Its source is
-    "analysis + formula" when the optimizer's state is sized by formula (bitsandbytes)."""
+def analysed_row(ctx: PlanContext, changes: Mapping[str, Any], *, name: str = "", note: str = "",
+                 prediction: Prediction | None = None) -> Analysed | str:
+    """Analyse the job with ``changes`` (``prediction``: already analysed); a row, or why it
+    could not be analysed.  Its source is "analysis + formula" when the optimizer's state is
+    sized by formula (bitsandbytes)."""
     name = name or ctx.name(changes)
     source = "analysis + formula" if changes.get("optimizer") in FORMULA_OPTIMIZERS else "analysis"
     try:
-        prediction = predict(job_with(ctx, changes))
+        prediction = prediction or predict(job_with(ctx, changes))
     except GraphmemError as exc:
         return f"{name}: not analysed ({exc})"
     samples = recorded_samples(ctx.job.mode, int(changes.get("batch", ctx.batch or 1)),
