@@ -27,3 +27,19 @@ def test_batch_norm_output_dtypes_match_the_cpu_kernel(x_dtype: torch.dtype, w_d
     fixes = rule((_meta(x), *(_meta(p) for p in params), True, 0.1, 1e-5), {})
     for i in (1, 2):
         assert fixes.get(i, x.dtype) == real[i].dtype
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)])
+def test_layer_norm_backward_layout_matches_the_cpu_kernel(transposed: bool, mask: tuple[bool, bool, bool]) -> None:
+    """The gradients' shapes, dtypes and strides as the real CPU kernel returns them, for a
+    contiguous input and a transposed one (whose meta gradient kept the transposed strides)."""
+    x = torch.randn(2, 12, 6).transpose(1, 2) if transposed else torch.randn(2, 6, 12)
+    weight, bias = torch.randn(12), torch.randn(12)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, [12], weight, bias, 1e-5)
+    args = (torch.randn_like(out), x, [12], mean, rstd, weight, bias, list(mask))
+    real = torch.ops.aten.native_layer_norm_backward(*args)
+    meta = lambda t: ArgMeta(tuple(t.shape), t.dtype, tuple(t.stride())) if isinstance(t, torch.Tensor) else t
+    rule = rules_for("cpu").fake_kernels[torch.ops.aten.native_layer_norm_backward.default]
+    predicted = rule(tuple(meta(a) for a in args), {})
+    assert [meta(t) if t is not None else None for t in real] == list(predicted)
