@@ -139,6 +139,20 @@ class CachedPositions(nn.Module):
         return self.proj(x + cached_positions(x.shape[1], x.shape[2]))
 
 
+class RealAttribute(nn.Module):
+    """Holds a real tensor as a plain attribute, neither parameter nor buffer (torchvision's
+    anchor generator keeps its cell anchors so): it stays real when the model is built on the
+    meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.offsets = torch.arange(16.0, device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x + self.offsets.to(x.device))
+
+
 def bf16_mlp() -> nn.Module:
     return MLP((256, 512, 10)).to(torch.bfloat16)
 

@@ -80,7 +80,7 @@ class _FakeTensorMode(FakeTensorMode):
     The rule sees metadata only; its answer becomes fake outputs on the inputs' device."""
 
     def __init__(self, kernels: Mapping[torch._ops.OpOverload, Any], shape_env: ShapeEnv | None = None) -> None:
-        super().__init__(allow_non_fake_inputs=False, shape_env=shape_env)
+        super().__init__(allow_non_fake_inputs=True, shape_env=shape_env)
         self._kernels = kernels
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -100,9 +100,11 @@ class _FakeTensorMode(FakeTensorMode):
 
 @functools.cache
 def recording_fake_mode() -> FakeTensorMode:
-    """The FakeTensorMode every recording runs in: it refuses real tensors, so no real memory
-    can sneak in, and runs graphmem's ``fake_kernel`` rules in place of the meta kernels they
-    replace.
+    """The FakeTensorMode every recording runs in: it runs graphmem's ``fake_kernel`` rules in
+    place of the meta kernels they replace.  A real tensor the model holds outside its
+    parameters and buffers (torchvision's anchor generator keeps its cell anchors as a plain
+    attribute) becomes a fake constant where an op uses it: every op's output is fake, so
+    no new real memory is allocated.
 
     One per process, not one per recording: model code that caches a tensor by shape
     (``functools.lru_cache`` on rotary or position embeddings: DINOv3, SAM 3, MaskFormer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import graphmem
-from tests.models import ZOO, CachedPositions, ZooModel, cached_positions
+from tests.models import ZOO, CachedPositions, RealAttribute, ZooModel, cached_positions
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs
 
 
@@ -42,3 +42,11 @@ def test_tensor_cached_by_model_code_across_recordings() -> None:
     cached_positions.cache_clear()
     assert predicted.train is not None and again.train is not None
     assert predicted.train.peak_bytes == again.train.peak_bytes == measured.peak_bytes
+
+
+def test_real_tensor_attribute_becomes_a_fake_constant() -> None:
+    """A real tensor the model holds outside its parameters and buffers is used as a fake
+    constant: the step records, and training matches the real run."""
+    predicted = graphmem.analyze(RealAttribute, ["8x16"], mode="train", optimizer="adam")
+    measured = measure_training(RealAttribute, real_inputs(("8x16",), 100), OPTIMIZERS["adam"], "sum")
+    assert predicted.train is not None and predicted.train.peak_bytes == measured.peak_bytes

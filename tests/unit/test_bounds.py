@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+import graphmem
 from graphmem.errors import UserInputError
 from graphmem.job.spec import parse_assumption
 from graphmem.trace.rules import rules_for
@@ -63,3 +64,40 @@ def test_nonzero_fraction_assumption() -> None:
     for bad in ("nonzero=0", "nonzero=1.5", "nonzero=half"):
         with pytest.raises(UserInputError, match="fraction in"):
             parse_assumption(bad)
+
+
+def test_rules_for_a_library_op_apply_once_the_library_registers_it() -> None:
+    """A rule registered by name (torchvision::nms.default) is in force only when its op exists:
+    graphmem imports without the library, and the rule applies once the model's code loaded it."""
+    from graphmem.trace.rules.registry import register, rules_for
+
+    @register("graphmem_test::keep_some.default", device="any", kind="output_bounds")
+    def keep_some(args: Any, kwargs: Any) -> Any:
+        raise AssertionError("not called here")
+
+    names = lambda: {str(op) for op in rules_for("cpu").output_bounds}
+    assert "graphmem_test.keep_some.default" not in names()
+    library = torch.library.Library("graphmem_test", "DEF")
+    library.define("keep_some(Tensor x) -> Tensor")
+    assert "graphmem_test.keep_some.default" in names()
+
+
+def test_nms_keeps_at_most_every_box() -> None:
+    from graphmem.trace.rules.bounds import nms_bound
+
+    bound = nms_bound((ArgMeta((1000, 4), torch.float32, (4, 1)), ArgMeta((1000,), torch.float32, (1,)), 0.7), {})
+    assert bound.count == 1000 and bound.shapes(37) == [(37,)] and bound.outputs[0][1] == torch.int64
+
+
+def test_detection_inference_bound_is_not_below_a_real_run() -> None:
+    """Faster R-CNN (RPN proposals, NMS, box filtering): the bound holds over a real CPU run."""
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
+    from tests.oracles import measure_inference
+
+    kwargs = dict(name="fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, weights_backbone=None, num_classes=3)
+    build = lambda: torchvision.models.get_model(**kwargs)
+    report = graphmem.analyze(build, ["images=2x3x128x128"], mode="inference")
+    assert report.inference is not None
+    assert any("nms" in note and "upper bound" in note for note in report.inference.assumptions)
+    measured = measure_inference(build, [], {"images": torch.rand(2, 3, 128, 128)})
+    assert report.inference.peak_bytes >= measured.peak_bytes

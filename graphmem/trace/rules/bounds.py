@@ -125,3 +125,12 @@ def _along(x: ArgMeta, dim: int) -> Bound:
     dim = dim % len(x.shape)
     values = tuple(None if k == dim else n for k, n in enumerate(x.shape))
     return Bound(x.shape[dim], ((values, x.dtype), ((x.shape[dim],), torch.int64), ((None,), torch.int64)))
+
+
+@register("torchvision::nms.default", device="any", kind="output_bounds")
+def nms_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
+    """torchvision's non-maximum suppression: (count,) int64 indices of the boxes kept, count at
+    most the number of boxes (every box kept: none overlaps another past the threshold).
+    Detection models (Faster/Mask R-CNN, RetinaNet, SSD, FCOS) call it through batched_nms."""
+    boxes: ArgMeta = args[0]
+    return Bound(boxes.shape[0], (((None,), torch.int64),))

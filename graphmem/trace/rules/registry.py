@@ -37,6 +37,7 @@ Nothing but ``register`` writes to the table.  Users extend with a mapping passe
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +75,7 @@ class Bound:
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
 KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds")
-_RULES: dict[tuple[str, str, torch._ops.OpOverload], Rule] = {}
+_RULES: dict[tuple[str, str, torch._ops.OpOverload | str], Rule] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +89,19 @@ class RuleTable:
     output_bounds: Mapping[torch._ops.OpOverload, Rule]
 
 
-def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
-    """Decorator registering ``fn`` as the ``kind`` rule of ``op`` on ``device``.
+def register(op: torch._ops.OpOverload | str, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
+    """Decorator registering ``fn`` as the ``kind`` rule of ``op`` on ``device``.  ``op`` may be
+    a library's op by name (``"torchvision::nms.default"``): its rule applies once that library
+    has registered the op (the user's model imported it).
 
     Raises:
-        TypeError: ``op`` is not an aten OpOverload (e.g. an OpOverloadPacket).
+        TypeError: ``op`` is not an OpOverload (e.g. an OpOverloadPacket) nor "namespace::name.overload".
         ValueError: a rule for (device, op) exists already; names both functions.
     """
-    if not isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, str):
+        if not re.fullmatch(r"\w+::\w+\.\w+", op):
+            raise TypeError(f"register: expected an op name such as 'torchvision::nms.default', got {op!r}")
+    elif not isinstance(op, torch._ops.OpOverload):
         raise TypeError(f"register: expected an OpOverload such as aten.mm.default, got {op!r}")
     if kind not in KINDS:
         raise ValueError(f"register: unknown kind {kind!r}; expected one of {KINDS}")
@@ -115,12 +121,28 @@ def register(op: torch._ops.OpOverload, *, device: str, kind: str = "scratch") -
 def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None) -> RuleTable:
     """The rules for ``device``; ``extra`` adds or overrides scratch rules."""
     def of(wanted: str) -> dict[torch._ops.OpOverload, Rule]:
-        return {op: fn for (dev, kind, op), fn in _RULES.items() if dev in (device, "any") and kind == wanted}
+        found = ((_resolved(op), fn) for (dev, kind, op), fn in _RULES.items() if dev in (device, "any")
+                 and kind == wanted)
+        return {op: fn for op, fn in found if op is not None}
 
     scratch = of("scratch")
     scratch.update(extra or {})
     return RuleTable(scratch=scratch, output_dtypes=of("output_dtypes"), output_shapes=of("output_shapes"),
                      fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"))
+
+
+def _resolved(op: torch._ops.OpOverload | str) -> torch._ops.OpOverload | None:
+    """``op`` itself, or the op a name stands for once its library registered it (else None)."""
+    if not isinstance(op, str):
+        return op
+    namespace, _, rest = op.partition("::")
+    name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):  # the library is not loaded
+        return None
+    found = getattr(packet, overload, None)
+    return found if isinstance(found, torch._ops.OpOverload) else None
 
 
 def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
