@@ -529,6 +529,8 @@ def _time_series(config: Any) -> list[Input]:
 # One architecture (run in a subprocess): real CPU execution, then graphmem
 
 MAX_PARAMS = 30_000_000  # a "small" config past this is not small: not swept
+MAX_VISION_PARAMS = 320_000_000  # torchvision / timm at their own sizes: up to ViT-L (the ViT-H and RegNet-128GF
+# steps take minutes each on 2 cores)
 
 
 def _emit(**values: Any) -> None:
@@ -619,7 +621,7 @@ def worker(model_type: str, part: str, variants: list[int]) -> None:
     except Exception as error:  # the architecture itself: no small config, a missing dependency
         _emit(mode="build", status="not built", error=f"{type(error).__name__}: {_text(error)}", where=_where(error))
         return
-    if row["params"] > MAX_PARAMS:
+    if row["params"] > (MAX_VISION_PARAMS if ":" in model_type else MAX_PARAMS):
         _emit(mode="build", status="not built", error=f"too large: {row['params']:,} parameters", **row)
         return
     chosen = dict(zip(choices, variants or (-1, -1), strict=True))
@@ -647,7 +649,10 @@ def _architecture(model_type: str) -> tuple[Callable[[], Any], dict[str, Any], d
         import coverage_vision
 
         build, name, task, variants = coverage_vision.architecture(model_type)
-        with torch.device("meta"):
+        try:
+            with torch.device("meta"):
+                params = sum(p.numel() for p in build().parameters())
+        except Exception:  # widths computed from tensor values (RegNet): counted on a real build
             params = sum(p.numel() for p in build().parameters())
         inputs = [[Input(n, shape, kind) for n, shape, kind in variant] for variant in variants]
         return build, dict(cls=name, task=task, params=params), {"inference": inputs, "train": inputs}

@@ -24,6 +24,7 @@ there, while its guards hold.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -322,7 +323,9 @@ class _Curves:
         self.job, self.symbol = job, symbol
         self.curves: list[PeakCurve] = []
         self.recorded: list[int] = []  # the values recorded at, in order
-        self.formula = True  # False once a recording kept no formula
+        # False once a recording kept no formula; GRAPHMEM_SIZE_SYMBOLS=0 records every value
+        # with numbers (the search as it was before, for comparisons)
+        self.formula = os.environ.get("GRAPHMEM_SIZE_SYMBOLS", "1") != "0"
         self.recorded_reports: dict[int, MemoryReport] = {}  # the values recorded with numbers
 
     def peak_at(self, value: int) -> int:
