@@ -125,7 +125,10 @@ class PeakCurve:
             raise ValueError(f"PeakCurve.at: {self.symbol}={value} is outside what the recording at "
                              f"{self.symbol}={self.hint} holds for")
         traces = iter(self.traces)
-        replay = lambda *args, **kwargs: (lambda t: t if value == self.hint else trace_at(t, value))(next(traces))
+
+        def replay(*args: Any, **kwargs: Any) -> Trace:  # the recordings, in the order _report asks for them
+            trace = next(traces)
+            return trace if value == self.hint else trace_at(trace, value)
         job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
         return _report(job, self.built, self.policy, replay, [spec_at(t, self.symbol, value) for t in self.job.inputs])
 
@@ -157,7 +160,7 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
         if formula:
             try:
                 trace = trace_step(*args, **kwargs, symbol=(symbol, hint))
-            except Exception:
+            except Exception:  # a kernel, rule or model that needs numbers: recorded with numbers below
                 trace = None
         recorded.append(trace if trace is not None else trace_step(*args, **kwargs))
         return recorded[-1]
