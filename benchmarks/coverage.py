@@ -664,13 +664,16 @@ def _architecture(model_type: str) -> tuple[Callable[[], Any], dict[str, Any], d
 
 
 def _clear_caches() -> None:
-    """Empty every functools.lru_cache: model code caches tensors by shape (transformers'
-    position embeddings), and a real tensor cached by the real run must not reach the trace."""
+    """Empty every functools.lru_cache of model code: it caches tensors by shape (transformers'
+    position embeddings), and a real tensor cached by the real run must not reach the trace.
+    torch's and torchvision's own caches are kept: emptying them unloads torchvision's fake
+    kernels (roi_align)."""
     import functools
     import gc
 
     for obj in gc.get_objects():
-        if isinstance(obj, functools._lru_cache_wrapper):
+        if isinstance(obj, functools._lru_cache_wrapper) and \
+                not getattr(obj, "__module__", "").startswith(("torch", "torchvision")):
             obj.cache_clear()
 
 

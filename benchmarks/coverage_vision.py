@@ -77,7 +77,10 @@ def architecture(model_type: str) -> tuple[Callable[[], Any], str, str, list[Inp
         import timm
 
         build = lambda: timm.create_model(name, pretrained=False, num_classes=10)
-    return build, name, task, _variants(task)
+    variants = _variants(task)
+    if name.startswith("lraspp"):  # LRASPP.forward(self, input)
+        variants = [[("input", shape, kind) for _, shape, kind in v] for v in variants]
+    return build, name, task, variants
 
 
 def _variants(task: str) -> list[Inputs]:
