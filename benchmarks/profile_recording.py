@@ -32,6 +32,9 @@ GROUPS = (
 )
 
 
+OTHER = "builtins and torch C++ (the dispatcher, isinstance, ...)"
+
+
 def build() -> GPT:
     return GPT(vocab=1000, dim=256, layers=8, heads=8, max_seq=512)
 
@@ -44,7 +47,7 @@ def profile(label: str, run: object) -> None:
     stats = pstats.Stats(profiler)
     by_group: dict[str, float] = {}
     for (path, _, _), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
-        group = next((name for name, parts in GROUPS if any(p in path for p in parts)), "builtins and torch C++ (the dispatcher, isinstance, ...)")
+        group = next((name for name, parts in GROUPS if any(p in path for p in parts)), OTHER)
         by_group[group] = by_group.get(group, 0.0) + own
     total = sum(by_group.values())
     print(f"\n{label}: {wall:.2f} s wall under the profiler\n\n| where | own time s | share |\n|---|---:|---:|")
