@@ -160,14 +160,15 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
             raise UserInputError(f"--sweep prints a table or JSON; got --format {fmt}")
         letter, values = parse_sweep(text)
         job = job_from(options)
-        symbol = input_symbol(job.with_preset().inputs)
+        inputs = job.with_preset().inputs
+        symbol = input_symbol(inputs)
         if symbol != letter:
             where = f"the inputs use {symbol}" if symbol else "no input has a capital-letter dimension"
             raise UserInputError(f"--sweep {text} sweeps {letter}, but {where}; write it in --input, e.g. "
                                  f"--input {letter}x1000")
         gpu = get_gpu(options["gpu"]) if options["gpu"] else None
         result = sweep(job, values, resolve_budget(None, gpu) if gpu else None)
-        context = Context(target=job.target_name, inputs=job.with_preset().inputs, device=job.device,
+        context = Context(target=job.target_name, inputs=inputs, device=job.device,
                           mode=job.mode, gpu=gpu.name if gpu else None)
         rendered = SWEEP_RENDERERS[fmt](result, context, units)
     _write(rendered, output, debug)

@@ -338,7 +338,7 @@ class _Curves:
         if value in self.recorded_reports:
             return self.recorded_reports[value]
         self.recorded.append(value)
-        if value < 2 or not self.formula:
+        if value < 2 or not self.formula:  # analyze, not predict: a sweep may ask for both modes
             job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
             self.recorded_reports[value] = analyze(job)
             return self.recorded_reports[value]

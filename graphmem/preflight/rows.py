@@ -230,10 +230,13 @@ class Request:
 _PENDING: tuple[tuple[PlanContext, Request], ...] = ()
 
 
+def _analyse(ctx: PlanContext, request: Request) -> Analysed | str:
+    return analysed_row(ctx, request.changes, name=request.name, note=request.note)
+
+
 def _analyse_pending(index: int) -> Analysed | str:
     """One of ``_PENDING``, in a worker process; its reports travel back without their fx graphs."""
-    ctx, request = _PENDING[index]
-    made = analysed_row(ctx, request.changes, name=request.name, note=request.note)
+    made = _analyse(*_PENDING[index])
     if isinstance(made, str) or made.prediction is None:
         return made
     return Analysed(made.row, Prediction(made.prediction.peak_bytes, without_graphs(made.prediction.report)))
@@ -255,10 +258,10 @@ def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -
     requests = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
     workers = min(processes(), len(requests))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [analysed_row(ctx, item.changes, name=item.name, note=item.note) if isinstance(item, Request)
-                else item for item in items]
+        return [_analyse(ctx, item) if isinstance(item, Request) else item for item in items]
     global _PENDING
     _PENDING = tuple((ctx, request) for request in requests.values())
+    others = set(multiprocessing.active_children())  # the caller's own child processes: left alone
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     try:
         pending = [pool.submit(_analyse_pending, n) for n in range(len(requests))]
@@ -269,9 +272,9 @@ def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -
         raise TraceError("a worker process analysing a plan row died (out of memory?); run with "
                          "GRAPHMEM_PROCESSES=1 to analyse the rows one after another") from exc
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in multiprocessing.active_children():  # an interrupted analysis stops now
+        for child in set(multiprocessing.active_children()) - others:  # an interrupted analysis stops now
             child.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)  # its thread ends before the interpreter does
         _PENDING = ()
     return [done[i] if isinstance(item, Request) else item for i, item in enumerate(items)]
 
