@@ -209,7 +209,7 @@ def _build(job: Job, rules: Mapping[torch._ops.OpOverload, Rule] | None) -> _Bui
     progress.show(f"building {job.target_name}")
     built = construct_model(source, job.model_kwargs, job.hf_config, device=job.device)
     module = prepare_finetuning(built.module, job.freeze, job.lora, dtype=job.dtype,
-                                owned=not isinstance(source, torch.nn.Module))
+                                owned=not isinstance(source, torch.nn.Module), quantize=job.quantize_base)
     dtype = None if job.lora is not None else job.dtype  # LoRA: converted before peft, as trainers do
     interrupts.check()
     table = rules_for(job.device, rules)
@@ -272,6 +272,8 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
 def _finetune_text(job: Job) -> str | None:
     """What the report says was done to train only part of the model."""
+    if job.lora and job.quantize_base:
+        return f"{job.lora}, base weights in {job.quantize_base}"
     return str(job.lora) if job.lora else ("frozen: " + ", ".join(job.freeze) if job.freeze else None)
 
 

@@ -93,13 +93,16 @@ def _first_float(out: Any) -> torch.Tensor:
 
 
 def measure_inference(build: Callable[[], torch.nn.Module], inputs: list[torch.Tensor],
-                      kw_inputs: dict[str, torch.Tensor] | None = None) -> Measured:
+                      kw_inputs: dict[str, torch.Tensor] | None = None,
+                      also_held: Callable[[torch.nn.Module], list[torch.Tensor]] | None = None) -> Measured:
+    """also_held: as for measure_training."""
     torch.manual_seed(0)
     model = build()
     model.eval()
     kw_inputs = kw_inputs or {}
     counter = LiveStorages()
-    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values()]:
+    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values(),
+              *(also_held(model) if also_held else ())]:
         counter.add(t)
     counter.phase = "forward"
     with counter, torch.no_grad():
@@ -113,7 +116,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
                      loss: str, iterations: int = 2, amp: torch.dtype | None = None,
                      grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = (),
                      kw_inputs: dict[str, torch.Tensor] | None = None, checkpoint_every: int = 1,
-                     checkpoint_save: tuple[str, ...] = ()) -> Measured:
+                     checkpoint_save: tuple[str, ...] = (),
+                     also_held: Callable[[torch.nn.Module], list[torch.Tensor]] | None = None) -> Measured:
     """Run the documented training step for real; see the module docstring.
 
     amp: autocast dtype on CPU around forward and loss (float16 adds GradScaler("cpu")).
@@ -124,6 +128,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
         ``checkpoint_save``, selectively: torch's create_selective_checkpoint_contexts saves
         the outputs of "matmuls" (mm, addmm, bmm, baddbmm), of every second matmul of a call
         ("every-2nd-matmul"), or of "attention" (the SDPA kernels), and recomputes the rest.
+    also_held: tensors the model holds outside its parameters and buffers (a quantized
+        weight's scales), counted from the start like them.
     """
     torch.manual_seed(0)
     model = build()
@@ -138,7 +144,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if amp == torch.float16 else None
     kw_inputs = kw_inputs or {}
     counter = LiveStorages()
-    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values()]:
+    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values(),
+              *(also_held(model) if also_held else ())]:
         counter.add(t)
     targets: list[torch.Tensor] = []
 

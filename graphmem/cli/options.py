@@ -18,7 +18,7 @@ from graphmem.cli.process import set_progress, user_output_to_stderr
 from graphmem.cuda.gpus import GPUS
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
-from graphmem.job.finetune import LoraSpec, parse_lora
+from graphmem.job.finetune import QUANTIZED_BASES, LoraSpec, parse_lora
 from graphmem.job.job import DEFAULT_GPU, DEVICES, SDPA_CHOICES, Job, make_job
 from graphmem.job.load import ModelSource, load_hf_config, resolve_target
 from graphmem.job.presets import PRESETS
@@ -160,6 +160,10 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      help="Fine-tuning with peft's LoRA: adapters of rank r on the target modules train, the "
                           "rest is frozen, e.g. r=16,alpha=32,target=q_proj,v_proj[,dropout=0.05] "
                           "(target=all-linear: every linear layer). Needs pip install 'graphmem[lora]'."),
+        click.Option(["--quantize-base"], type=click.Choice(list(QUANTIZED_BASES)), default=None,
+                     help="QLoRA, with --lora: the base model's linear layers in 4 bits, as transformers loads "
+                          "them with a BitsAndBytesConfig (nf4-dq: double-quantized scales); the compute dtype "
+                          "is --dtype. Needs pip install 'graphmem[qlora]'."),
         click.Option(["--dtype"], type=click.Choice(MODEL_DTYPES), default=None,
                      help="Convert the model's floating parameters and buffers, as model.to(dtype)."),
         click.Option(["--device"], type=click.Choice(DEVICES), default=None,
@@ -265,4 +269,4 @@ def job_from(options: Mapping[str, Any]) -> Job:
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
         fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
         microbatches=options["microbatches"], schedule=options["schedule"],
-        freeze=options["freeze"], lora=options["lora"], name=name)
+        freeze=options["freeze"], lora=options["lora"], quantize_base=options["quantize_base"], name=name)

@@ -1,17 +1,22 @@
 """Fine-tuning as trainers set it up: frozen parameters and LoRA adapters.
 
-Input: ``--freeze`` patterns and a ``--lora`` text (parsed and checked here, before anything
-is built), then the built model.  Output: the model as the trainer trains it (frozen
-parameters have ``requires_grad=False``; LoRA is peft's own ``get_peft_model``, so the
-adapters and what it freezes are exactly peft's), and how many of its parameters train.
+Input: ``--freeze`` patterns, a ``--lora`` text and a ``--quantize-base`` kind (parsed and
+checked here, before anything is built), then the built model.  Output: the model as the
+trainer trains it (frozen parameters have ``requires_grad=False``; LoRA is peft's own
+``get_peft_model``, so the adapters and what it freezes are exactly peft's; a quantized base
+(QLoRA) is transformers' own bitsandbytes conversion, each weight quantized by bitsandbytes'
+own op on the meta device), and how many of its parameters train.
 Knows nothing of tracing or reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
+import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -21,12 +26,16 @@ from torch import nn
 
 from graphmem.errors import UserInputError
 
-__all__ = ["ALL_BUT", "LORA_KEYS", "LoraSpec", "TrainedParameters", "count_trained", "parse_freeze", "parse_lora",
-           "prepare_finetuning"]
+__all__ = ["ALL_BUT", "LORA_KEYS", "QUANTIZED_BASES", "LoraSpec", "TrainedParameters", "count_trained",
+           "parse_freeze", "parse_lora", "parse_quantize_base", "prepare_finetuning"]
 
 ALL_BUT = "all-but:"  # --freeze all-but:PATTERN freezes every parameter the pattern does not match
 LORA_KEYS = ("r", "alpha", "target", "dropout")
 _PEFT_HINT = "pip install 'graphmem[lora]'"
+_QLORA_HINT = "pip install 'graphmem[qlora]'"
+# --quantize-base: the base weights as transformers' BitsAndBytesConfig loads them
+# (kind -> load_in_4bit's bnb_4bit_quant_type and bnb_4bit_use_double_quant)
+QUANTIZED_BASES: dict[str, tuple[str, bool]] = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +123,42 @@ def _number(values: dict[str, list[str]], key: str, kind: type, default: Any) ->
 
 def _require_peft() -> None:
     try:
-        import peft  # noqa: F401
+        with _quiet_logger("bitsandbytes"):  # peft imports it when installed
+            import peft  # noqa: F401
     except ImportError:
         raise UserInputError(f"--lora needs the peft package: {_PEFT_HINT}") from None
+
+
+def parse_quantize_base(kind: str | None) -> str | None:
+    """``nf4`` / ``nf4-dq`` (double quantization) / ``fp4``, checked; bitsandbytes, transformers
+    and peft must be installed.
+
+    Raises:
+        UserInputError: an unknown kind, or a package missing.
+    """
+    if kind is None:
+        return None
+    if kind not in QUANTIZED_BASES:
+        raise UserInputError(f"--quantize-base {kind!r}: expected one of: {', '.join(QUANTIZED_BASES)} "
+                             "(nf4-dq: nf4 with double quantization of the scales)")
+    for package in ("bitsandbytes", "transformers", "peft"):
+        try:
+            with _quiet_logger("bitsandbytes"):  # its notes on optional CPU kernels, at import
+                __import__(package)
+        except ImportError:
+            raise UserInputError(f"--quantize-base needs the {package} package: {_QLORA_HINT}") from None
+    return kind
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def parse_freeze(patterns: Sequence[str] | str) -> tuple[str, ...]:
@@ -132,8 +174,10 @@ def parse_freeze(patterns: Sequence[str] | str) -> tuple[str, ...]:
 
 
 def prepare_finetuning(module: nn.Module, freeze: Sequence[str], lora: LoraSpec | None, *,
-                       dtype: torch.dtype | None = None, owned: bool = True) -> nn.Module:
-    """The model as the trainer trains it: ``freeze`` patterns frozen, or peft's LoRA applied.
+                       dtype: torch.dtype | None = None, owned: bool = True,
+                       quantize: str | None = None) -> nn.Module:
+    """The model as the trainer trains it: ``freeze`` patterns frozen, or peft's LoRA applied
+    (on a quantized base with ``quantize``).
 
     Args:
         module: the built model (meta tensors), or the user's own instance (``owned`` False:
@@ -143,6 +187,9 @@ def prepare_finetuning(module: nn.Module, freeze: Sequence[str], lora: LoraSpec 
         lora: peft's LoRA; the model is first converted to ``dtype``, as a trainer loads it
             before ``get_peft_model`` (peft then keeps the adapters in float32).
         dtype: the job's dtype, applied here only with ``lora``.
+        quantize: a QUANTIZED_BASES kind: before LoRA, the linear layers become bitsandbytes'
+            4-bit ones as ``from_pretrained(..., quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, ...))`` loads them (compute dtype: ``dtype``), frozen.
 
     Returns:
         The module to trace: ``module`` or its copy, changed.
@@ -157,8 +204,12 @@ def prepare_finetuning(module: nn.Module, freeze: Sequence[str], lora: LoraSpec 
     if freeze:
         _freeze(module, freeze)
     if lora is not None:
-        if dtype is not None:
+        if dtype is not None and quantize is not None:
+            _load_in(module, dtype)
+        elif dtype is not None:
             module = module.to(dtype)
+        if quantize is not None:
+            _quantize_base(module, quantize, dtype or torch.float32)
         module = _apply_lora(module, lora)
     return module
 
@@ -166,7 +217,15 @@ def prepare_finetuning(module: nn.Module, freeze: Sequence[str], lora: LoraSpec 
 def count_trained(module: nn.Module, how: str | None) -> TrainedParameters:
     """Elements of the parameters that train, and of all of them (tied ones once)."""
     params = list(module.parameters())
-    return TrainedParameters(sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params), how)
+    return TrainedParameters(sum(_elements(p) for p in params if p.requires_grad), sum(_elements(p) for p in params),
+                             how)
+
+
+def _elements(param: torch.Tensor) -> int:
+    """A 4-bit quantized weight (two per byte) counts the elements of the weight it stands for."""
+    state = getattr(param, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    return int(math.prod(shape)) if shape is not None else param.numel()
 
 
 def _meta_copy(module: nn.Module) -> nn.Module:
@@ -220,3 +279,53 @@ def _apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
         raise UserInputError(f"--lora {spec}: peft refused the model: {exc}") from exc
     inner: nn.Module = wrapped.get_base_model()
     return inner
+
+
+def _load_in(module: nn.Module, dtype: torch.dtype) -> None:
+    """As ``from_pretrained(..., dtype=dtype)`` loads a model (the only way to a quantized base):
+    parameters and saved buffers in ``dtype``; the buffers a model computes itself
+    (non-persistent: rotary frequencies) kept as it computes them.  In place."""
+    loaded: dict[int, nn.Parameter] = {}  # tied parameters stay tied
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None and param.is_floating_point():
+                if id(param) not in loaded:
+                    loaded[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+                sub._parameters[name] = loaded[id(param)]
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None and buffer.is_floating_point() and name not in sub._non_persistent_buffers_set:
+                sub._buffers[name] = buffer.to(dtype)
+
+
+def _quantize_base(module: nn.Module, kind: str, dtype: torch.dtype) -> None:
+    """transformers' own ``replace_with_bnb_linear`` (what from_pretrained does with a
+    BitsAndBytesConfig, skipping what its quantizer skips: the output embeddings, tied and
+    last weights), then each new weight loaded in ``dtype`` and quantized by bitsandbytes on
+    the meta device, as from_pretrained quantizes each loaded weight.  In place."""
+    with _quiet_logger("bitsandbytes"):
+        from bitsandbytes.nn.modules import Linear4bit, Params4bit
+    from transformers import BitsAndBytesConfig, PreTrainedModel
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    quant_type, double = QUANTIZED_BASES[kind]
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_compute_dtype=dtype,
+                                bnb_4bit_use_double_quant=double)
+    skip: list[str] = []
+    if isinstance(module, PreTrainedModel):
+        from transformers.quantizers.base import HfQuantizer
+        skip = HfQuantizer.get_modules_to_not_convert(module, None, getattr(module, "_keep_in_fp32_modules", None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bitsandbytes' notes on optional CPU kernels
+        replace_with_bnb_linear(module, modules_to_not_convert=skip, quantization_config=config)
+        layers = [m for m in module.modules() if isinstance(m, Linear4bit)]
+        if not layers:
+            raise UserInputError(f"--quantize-base {kind}: the model has no linear layer to quantize")
+        for layer in layers:
+            loaded = torch.empty(layer.weight.shape, dtype=dtype, device="meta")
+            attributes = {k: v for k, v in vars(layer.weight).items() if k != "bnb_quantized"}
+            layer.weight = Params4bit(loaded, requires_grad=False, **attributes)._quantize("meta")
+            if layer.bias is not None:
+                layer.bias = nn.Parameter(torch.empty_like(layer.bias, dtype=dtype), requires_grad=False)
+            # inference as on a GPU: not the weight repacked for AVX512-BF16 CPUs' fused kernel
+            layer.support_avx512bf16_for_cpu = False
+    module.is_loaded_in_4bit = True  # type: ignore[assignment]  # as from_pretrained marks it; peft reads it

@@ -18,7 +18,7 @@ from graphmem.cuda.alloc_conf import parse_alloc_conf
 from graphmem.cuda.gpus import get_gpu
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
-from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora
+from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quantize_base
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
@@ -63,6 +63,8 @@ class Job:
         freeze: globs on parameter names (``model.layers.0.*``; ``all-but:GLOB``) whose
             parameters do not train (graphmem.job.finetune).
         lora: peft's LoRA adapters on the built model; only they train.
+        quantize_base: with ``lora``, the base's linear layers quantized as bitsandbytes
+            loads them (QLoRA): a graphmem.job.finetune.QUANTIZED_BASES kind.
     """
 
     model: str | ModelSource | None = None
@@ -83,9 +85,13 @@ class Job:
     name: str | None = None
     freeze: tuple[str, ...] = ()
     lora: LoraSpec | None = None
+    quantize_base: str | None = None
 
     def __post_init__(self) -> None:
         self.step.validate()
+        if self.quantize_base is not None and self.lora is None:
+            raise UserInputError("--quantize-base needs --lora: quantized base weights do not train, so QLoRA "
+                                 "trains LoRA adapters on them (e.g. --lora r=16,alpha=32,target=all-linear)")
         if self.freeze and self.lora is not None:
             raise UserInputError("--freeze and --lora together: LoRA already freezes every weight but its "
                                  "adapters; give one of them")
@@ -151,6 +157,8 @@ class Job:
             changes["freeze"] = parse_freeze(changes["freeze"] or ())
         if isinstance(changes.get("lora"), str):
             changes["lora"] = parse_lora(changes["lora"])
+        if "quantize_base" in changes:
+            changes["quantize_base"] = parse_quantize_base(changes["quantize_base"])
         return replace(self, step=replace(self.step, **step) if step else self.step, **changes)
 
 
@@ -170,7 +178,8 @@ def make_job(model: str | ModelSource | None = None,
              fsdp_units: Sequence[str] | str = (), tp_plan: str | Mapping[str, Any] | None = None,
              parallelize: str | Callable[..., Any] | None = None, microbatches: int | None = None,
              schedule: str = "1f1b", nccl_buffer_mb: float = DEFAULT_NCCL_BUFFER_MB,
-             name: str | None = None, freeze: Sequence[str] | str = (), lora: str | LoraSpec | None = None) -> Job:
+             name: str | None = None, freeze: Sequence[str] | str = (), lora: str | LoraSpec | None = None,
+             quantize_base: str | None = None) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
     ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
@@ -186,7 +195,8 @@ def make_job(model: str | ModelSource | None = None,
     ``schedule`` (``gpipe`` or ``1f1b``).  On the CUDA target, ``nccl_buffer_mb``: MiB of
     NCCL's own buffers per communicator (graphmem.cuda.nccl).  Fine-tuning: ``freeze``
     (``["model.embed_tokens.*", "model.layers.0.*"]``) or ``lora``
-    (``"r=16,alpha=32,target=q_proj,v_proj"``, peft's LoRA; graphmem.job.finetune).
+    (``"r=16,alpha=32,target=q_proj,v_proj"``, peft's LoRA; graphmem.job.finetune), with
+    ``quantize_base`` (``"nf4"``) for QLoRA.
 
     Raises:
         UserInputError: any invalid value, before anything is imported or traced.
@@ -211,7 +221,8 @@ def make_job(model: str | ModelSource | None = None,
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),
                hf_config=hf_config, preset=preset, generate=generate, assume=dict(assume or {}),
                gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, parallel=parallel, name=name,
-               freeze=parse_freeze(freeze), lora=parse_lora(lora) if lora is not None else None)
+               freeze=parse_freeze(freeze), lora=parse_lora(lora) if lora is not None else None,
+               quantize_base=parse_quantize_base(quantize_base))
 
 
 def _config_dtype(config: Mapping[str, Any] | None) -> torch.dtype | None:

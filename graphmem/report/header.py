@@ -23,14 +23,23 @@ from graphmem.trace.records import Phase, Role
 
 __all__ = ["optimizer_implementation", "parameter_count", "render_header"]
 
+# a 4-bit weight's quantization state (bitsandbytes' QuantState) is held as "<weight>.quant_state.*"
+_QUANT_STATE = ".quant_state."
+
 
 def parameter_count(mode: ModeReport) -> dict[str, int]:
     """Elements of the parameters by dtype name (``{"float32": 550600}``), each storage once."""
     counts: dict[str, int] = {}
-    for storage in mode.trace.storages:
-        if Role.PARAMETER in storage.roles:
-            itemsize = getattr(torch, storage.dtype).itemsize
-            counts[storage.dtype] = counts.get(storage.dtype, 0) + storage.nbytes // itemsize
+    held = [s for s in mode.trace.storages if Role.PARAMETER in s.roles]
+    quantized = {s.label.partition(_QUANT_STATE)[0] for s in held if _QUANT_STATE in s.label}
+    for storage in held:
+        if _QUANT_STATE in storage.label:
+            continue  # a quantized weight's scales: bytes of the weights, not parameters
+        if storage.label in quantized and storage.dtype == "uint8":
+            counts["4-bit"] = counts.get("4-bit", 0) + 2 * storage.nbytes  # two to a byte
+            continue
+        itemsize = getattr(torch, storage.dtype).itemsize
+        counts[storage.dtype] = counts.get(storage.dtype, 0) + storage.nbytes // itemsize
     return counts
 
 

@@ -8,6 +8,7 @@ memory behind it.  The user's module gets its own tensors back when the context 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,13 +60,47 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
                         continue
                     if id(value) not in memo:
                         memo[id(value)] = fake_copy(value, mode, device, dtype)
-                        names[memo[id(value)]] = (f"{prefix}.{key}" if prefix else key, role)
+                        name = f"{prefix}.{key}" if prefix else key
+                        names[memo[id(value)]] = (name, role)
+                        for attribute, tensor in _carry_state(value, memo[id(value)], mode, device, memo):
+                            names[tensor] = (f"{name}.{attribute}", role)
                     originals.append((table, key, value))
                     table[key] = memo[id(value)]
         yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER))
     finally:
         for table, key, value in reversed(originals):
             table[key] = value
+
+
+def _carry_state(value: torch.Tensor, fake: torch.Tensor, mode: FakeTensorMode, device: torch.device,
+                 memo: dict[int, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """A quantized weight (bitsandbytes' Params4bit) keeps its quantization state in Python
+    attributes: a QuantState of tensors (scales, code book, nested state).  The fake weight
+    gets the same attributes, each tensor in them a fake copy (shared ones stay shared).
+
+    Returns (attribute path, fake tensor) for each tensor copied: they are held like the weight.
+    """
+    if type(value) in (torch.Tensor, nn.Parameter) or not vars(value):
+        return []
+    copied: list[tuple[str, torch.Tensor]] = []
+
+    def fake_of(item: Any, path: str, depth: int) -> Any:
+        if isinstance(item, torch.Tensor):
+            if id(item) not in memo:
+                memo[id(item)] = fake_copy(item, mode, device, None)
+                copied.append((path, memo[id(item)]))
+            return memo[id(item)]
+        if depth < 3 and hasattr(item, "__dict__") and not isinstance(item, (nn.Module, type)) and any(
+                isinstance(v, torch.Tensor) or hasattr(v, "__dict__") for v in vars(item).values()):
+            twin = copy.copy(item)
+            for k, v in vars(item).items():
+                setattr(twin, k, fake_of(v, f"{path}.{k}", depth + 1))
+            return twin
+        return item
+
+    for attribute, item in vars(value).items():
+        setattr(fake, attribute, fake_of(item, attribute, 0))
+    return copied
 
 
 def fake_copy(t: torch.Tensor, mode: FakeTensorMode, device: torch.device,

@@ -12,7 +12,7 @@ from torch import nn
 import graphmem
 from graphmem.cli import main
 from graphmem.errors import UserInputError
-from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora
+from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quantize_base
 from tests.conftest import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"  # layers.0: Linear(1000, 500), layers.2: Linear(500, 100)
@@ -144,3 +144,43 @@ def test_training_all_parameters_says_nothing_more() -> None:
     result = CliRunner().invoke(main, ["analyze", MLP, "--input", "4x1000", "--mode", "train"])
     assert result.exit_code == 0, result.output
     assert "trained " not in result.output
+
+
+def test_a_quantized_base_needs_lora() -> None:
+    with pytest.raises(UserInputError, match="--quantize-base needs --lora"):
+        graphmem.make_job(MLP, ["4x1000"], quantize_base="nf4")
+
+
+def test_an_unknown_quantized_base_names_the_kinds() -> None:
+    with pytest.raises(UserInputError, match="nf4, nf4-dq, fp4"):
+        parse_quantize_base("int3")
+
+
+def test_a_quantized_base_without_bitsandbytes_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import bitsandbytes now raises ImportError
+    with pytest.raises(UserInputError, match=r"bitsandbytes package: pip install 'graphmem\[qlora\]'"):
+        parse_quantize_base("nf4")
+
+
+def test_the_command_line_refuses_a_quantized_base_without_lora_in_one_line() -> None:
+    result = CliRunner().invoke(main, ["analyze", MLP, "--input", "4x1000", "--quantize-base", "nf4"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "Error: --quantize-base needs --lora: quantized base weights do not train, so QLoRA trains LoRA adapters "
+        "on them (e.g. --lora r=16,alpha=32,target=all-linear)"]
+
+
+@needs_peft
+def test_a_model_without_linear_layers_has_nothing_to_quantize() -> None:
+    pytest.importorskip("bitsandbytes")
+
+    class Convs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.conv(x)
+
+    with pytest.raises(UserInputError, match="no linear layer to quantize"):
+        graphmem.analyze(Convs(), ["1x3x8x8"], mode="train", lora="r=2,target=conv", quantize_base="nf4")

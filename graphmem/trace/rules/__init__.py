@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from graphmem.trace.rules import bounds, grouped_mm, normalization, rnn  # noqa: F401  (register their rules)
+from graphmem.trace.rules import (  # noqa: F401  (register their rules)
+    bounds,
+    grouped_mm,
+    normalization,
+    quantized,
+    rnn,
+)
 from graphmem.trace.rules.registry import ArgMeta, Rule, RuleTable, register, rules_for, scratch_bytes
 
 __all__ = ["ArgMeta", "Rule", "RuleTable", "register", "rules_for", "scratch_bytes"]

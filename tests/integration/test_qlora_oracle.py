@@ -1,0 +1,148 @@
+"""QLoRA (--lora with --quantize-base) against real CPU execution, to the byte, per phase too.
+
+The reference is what a QLoRA script does, never through graphmem: a small Llama saved to a
+temporary directory, loaded back by ``from_pretrained`` with a ``BitsAndBytesConfig`` on the
+CPU (bitsandbytes quantizes every loaded weight for real), then peft's ``get_peft_model``.
+The quantization state of each 4-bit weight (its scales and code book, Python attributes of
+the weight) is counted from the start, like the weights.  bitsandbytes' fused inference
+kernel for AVX512-BF16 CPUs (it repacks the weights) is turned off in the reference, as
+graphmem models the path a GPU takes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import graphmem
+from tests.oracles import OPTIMIZERS, measure_inference, measure_training
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+pytest.importorskip("peft", reason="peft is not installed (pip install graphmem[qlora])")
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its note on optional CPU kernels
+bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install graphmem[qlora])")
+import peft  # noqa: E402
+
+CONFIG: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=128, bos_token_id=0, eos_token_id=0)
+IDS = "input_ids=2x16:int64"
+LORA = "r=8,alpha=16,target=q_proj,v_proj"
+KINDS = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False)}
+
+
+def _save(path: Path, config: dict[str, Any]) -> Path:
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bf16 Llama checkpoint on disk (random weights, made here: nothing is downloaded)."""
+    return _save(tmp_path_factory.mktemp("llama"), CONFIG)
+
+
+def _qlora(path: Path, kind: str, config: dict[str, Any] = CONFIG) -> Callable[[], torch.nn.Module]:
+    quant_type, double = KINDS[kind]
+
+    def build() -> torch.nn.Module:
+        config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                                 bnb_4bit_use_double_quant=double,
+                                                 bnb_4bit_compute_dtype=torch.bfloat16)
+        model = transformers.LlamaForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu",
+                                                              dtype=torch.bfloat16)
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        wrapped: torch.nn.Module = peft.get_peft_model(model, lora)
+        for layer in wrapped.modules():
+            if isinstance(layer, bnb.nn.Linear4bit):
+                layer.support_avx512bf16_for_cpu = False
+        return wrapped
+    return build
+
+
+def _quantization_state(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every tensor in the 4-bit weights' QuantState (and its nested state)."""
+    found: list[torch.Tensor] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif depth < 3 and hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+            for item in vars(value).values():
+                walk(item, depth + 1)
+
+    for param in model.parameters():
+        if isinstance(param, bnb.nn.Params4bit):
+            walk(param.quant_state, 0)
+    return found
+
+
+def _ids() -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randint(0, CONFIG["vocab_size"], (2, 16))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_qlora_training_matches_real_execution(checkpoint: Path, kind: str) -> None:
+    ids = _ids()
+    measured = measure_training(_qlora(checkpoint, kind), [], OPTIMIZERS["adamw"], "auto",
+                                kw_inputs={"input_ids": ids, "labels": ids.clone()}, also_held=_quantization_state)
+    report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="train",
+                              optimizer="adamw", dtype="bf16", lora=LORA, quantize_base=kind)
+    assert report.train is not None
+    assert report.train.peak_bytes == measured.peak_bytes
+    assert {p.phase: p.peak_bytes for p in report.train.phases} == measured.phase_peaks
+    model = _qlora(checkpoint, kind)()
+    assert report.trained is not None
+    assert report.trained.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # the base weights are counted as the weights they stand for, not as their packed bytes
+    unquantized = sum(p.numel() for p in transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).parameters())
+    assert report.trained.total == unquantized + report.trained.trainable
+
+
+def test_qlora_with_tied_embeddings_matches_real_execution(tmp_path: Path) -> None:
+    """lm_head shares the embedding's weight: transformers keeps it unquantized, and tied."""
+    config = {**CONFIG, "tie_word_embeddings": True}
+    ids = _ids()
+    measured = measure_training(_qlora(_save(tmp_path, config), "nf4", config), [], OPTIMIZERS["adamw"], "auto",
+                                kw_inputs={"input_ids": ids, "labels": ids.clone()}, also_held=_quantization_state)
+    report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=config, mode="train",
+                              optimizer="adamw", dtype="bf16", lora=LORA, quantize_base="nf4")
+    assert report.train is not None
+    assert report.train.peak_bytes == measured.peak_bytes
+    assert {p.phase: p.peak_bytes for p in report.train.phases} == measured.phase_peaks
+
+
+def test_qlora_inference_matches_real_execution(checkpoint: Path) -> None:
+    measured = measure_inference(_qlora(checkpoint, "nf4"), [], kw_inputs={"input_ids": _ids()},
+                                 also_held=_quantization_state)
+    report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="inference",
+                              dtype="bf16", lora=LORA, quantize_base="nf4")
+    assert report.inference is not None and report.inference.peak_bytes == measured.peak_bytes
+
+
+def test_a_quantized_base_holds_less_than_the_bf16_one() -> None:
+    """What QLoRA is for: the frozen base in 4 bits instead of 16 (here the linear layers'
+    weights are most of the model)."""
+    kw = dict(hf_config=CONFIG, mode="train", optimizer="adamw", dtype="bf16", lora=LORA)
+    lora = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], **kw)
+    qlora = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], quantize_base="nf4", **kw)
+    assert lora.train is not None and qlora.train is not None
+    assert qlora.train.params_bytes < lora.train.params_bytes
+
+
+def test_the_cuda_target_counts_the_dequantized_weight_of_each_4bit_matmul() -> None:
+    """On CUDA, bitsandbytes' 4-bit matmul over more than a few rows dequantizes the weight
+    into a temporary in the input's dtype (bitsandbytes/backends/cuda/ops.py,
+    _dequant_linear_fallback): out_features x in_features x 2 bytes for bf16."""
+    report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="train",
+                              optimizer="adamw", dtype="bf16", lora=LORA, quantize_base="nf4", gpu="h100-80gb")
+    assert report.train is not None
+    scratch = {o.scratch_bytes for o in report.train.trace.ops if o.op == "bitsandbytes.gemm_4bit.default"}
+    hidden, inner, kv = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["hidden_size"] // 2
+    assert scratch == {hidden * hidden * 2, kv * hidden * 2, inner * hidden * 2}
