@@ -17,6 +17,7 @@ The kinds of change (``changes`` keys):
   parallel        "zero1=8", "fsdp=8" or "fsdp=8:keep" (FSDP2 without resharding after forward)
   offload         "optimizer": the optimizer step and its state on the host
   prune_amount, prune_remove, shrink, quantize, sparse, kv_cache   (weights, cache)
+  quantize_base   a LoRA job's frozen base in 4 bits (QLoRA): "nf4"
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = ["COMBINED_KINDS", "describe", "kind_of", "merge", "optimizer_name"]
 COMBINED_KINDS: dict[str, tuple[str, ...]] = {
     "implementation": ("optimizer_impl",), "checkpointing": ("checkpoint",), "accumulation": ("grad_accum",),
     "precision": ("amp", "master_weights", "dtype"), "optimizer": ("optimizer",), "offload": ("offload",),
+    "quantized base": ("quantize_base",),
 }
 
 _NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD with momentum",
@@ -150,6 +152,8 @@ def _weights_words(changes: Mapping[str, Any], optimizer: str, mode: str) -> str
         return f"prune {changes['sparse']:.0%} + CSR sparse weights"
     if "quantize" in changes:
         return f"{changes['quantize']} weight-only quantization (Linear)"
+    if "quantize_base" in changes:
+        return f"QLoRA: the frozen base in {changes['quantize_base']} (bitsandbytes 4-bit)"
     if "kv_cache" in changes:
         return f"KV cache in {_SHORT[changes['kv_cache']]}"
     return ""

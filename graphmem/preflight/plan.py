@@ -42,6 +42,7 @@ from graphmem.preflight.remedies import (
     optimizer_rows,
     precision_rows,
     prune_rows,
+    qlora_rows,
     quantization_rows,
     sharding_rows,
     sparse_row,
@@ -186,7 +187,7 @@ def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
     if ctx.mode == "train":
         return [*analysed_rows(ctx, [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx),
                                      *precision_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
-                                     *prune_rows(ctx)]),
+                                     *qlora_rows(ctx), *prune_rows(ctx)]),
                 *sharding_rows(ctx), *offload_rows(ctx)]
     return analysed_rows(ctx, [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
                                *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])])

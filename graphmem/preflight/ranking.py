@@ -47,12 +47,12 @@ class Departure(IntEnum):
     QUANTIZED_STATE = 4    # the same optimizer with 8-bit state (bitsandbytes)
     SMALLER_BATCH = 5      # fewer samples per optimizer step
     OTHER_OPTIMIZER = 6    # another algorithm
-    OTHER_WEIGHTS = 7      # pruned, smaller or quantized weights
+    OTHER_WEIGHTS = 7      # pruned, smaller or quantized weights (a 4-bit LoRA base too)
 
 
 # the bitsandbytes 8-bit version of an optimizer: the same update with quantized state
 _EIGHT_BIT = {"adam": "adam8bit", "adamw": "adamw8bit", "sgd-momentum": "sgd8bit-momentum"}
-_OTHER_WEIGHTS = frozenset({"prune_amount", "prune_remove", "quantize", "sparse", "shrink"})
+_OTHER_WEIGHTS = frozenset({"prune_amount", "prune_remove", "quantize", "sparse", "shrink", "quantize_base"})
 
 
 def eight_bit_version(optimizer: str) -> str | None:

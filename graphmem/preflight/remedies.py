@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
+from graphmem.errors import UserInputError
+from graphmem.job.finetune import parse_quantize_base
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.job.spec import parse_dtype
 from graphmem.preflight.changes import merge
@@ -37,6 +39,7 @@ __all__ = [
     "optimizer_rows",
     "precision_rows",
     "prune_rows",
+    "qlora_rows",
     "quantization_rows",
     "sharding_rows",
     "sparse_row",
@@ -130,6 +133,19 @@ def optimizer_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
                                    note="state by formula: 1 B per element per state + a float32 absmax per 256"
                                    if name in FORMULA_OPTIMIZERS else "")
                       for name in names]
+
+
+def qlora_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
+    """A LoRA job's frozen base in 4 bits (QLoRA, nf4), where bitsandbytes is installed
+    (training)."""
+    if ctx.job.lora is None or ctx.job.quantize_base is not None:
+        return []
+    try:
+        parse_quantize_base("nf4")
+    except UserInputError as exc:
+        return [f"QLoRA (the base in 4 bits): not analysed; {exc}"]
+    return [Request({"quantize_base": "nf4"}, note="bitsandbytes' Linear4bit as from_pretrained loads it with "
+                                                  "BitsAndBytesConfig(load_in_4bit=True); the adapters unchanged")]
 
 
 def accumulation_rows(ctx: PlanContext) -> list[Request | Analysed | str]:

@@ -179,6 +179,8 @@ def job_with(ctx: PlanContext, changes: Mapping[str, Any]) -> Job:
     if dtype is not None:
         inputs = [_float_inputs_to(t, dtype) for t in inputs]
         updates["dtype"] = parse_dtype(dtype)
+    if "quantize_base" in changes:
+        updates["quantize_base"] = changes["quantize_base"]
     if "parallel" in changes:
         text, _, keep = changes["parallel"].partition(":")
         updates["parallel"] = replace(parse_parallel(text), reshard_after_forward=False if keep else None)

@@ -380,7 +380,7 @@ class Recorder(TorchDispatchMode):
         recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
         if index % _PROGRESS_EVERY == 0 and progress.active():
             progress.show(f"recording: iteration {self.iteration + 1}, {self.phase.value}, {index:,} ops")
-        flops = count_flops(func, args, kwargs, out)
+        flops = self._flops(func, args, kwargs, out)
         if isinstance(scratch, torch.SymInt) or isinstance(flops, torch.SymInt):
             self.op_sizes[index] = (expr_of(scratch), expr_of(flops))
             scratch, flops = hint_of(scratch), hint_of(flops)
@@ -473,6 +473,12 @@ class Recorder(TorchDispatchMode):
         if rule is None:
             return 0
         return scratch_bytes(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+
+    def _flops(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        rule = self._rules.flops.get(func)
+        if rule is None:
+            return count_flops(func, args, kwargs, out)
+        return rule(tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
 
     def _fix_dtypes(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
         """Apply an op's output_dtypes and output_shapes rules (``fixed_outputs``)."""

@@ -146,3 +146,24 @@ def test_the_cuda_target_counts_the_dequantized_weight_of_each_4bit_matmul() -> 
     scratch = {o.scratch_bytes for o in report.train.trace.ops if o.op == "bitsandbytes.gemm_4bit.default"}
     hidden, inner, kv = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["hidden_size"] // 2
     assert scratch == {hidden * hidden * 2, kv * hidden * 2, inner * hidden * 2}
+
+
+def test_plan_offers_qlora_for_a_lora_job_and_its_row_matches_real_execution(checkpoint: Path) -> None:
+    from fractions import Fraction
+
+    from graphmem.job import make_job
+    from graphmem.preflight.budget import Budget
+    from graphmem.preflight.plan import make_plan
+
+    ids = _ids()
+    real = measure_training(_qlora(checkpoint, "nf4"), [], OPTIMIZERS["adamw"], "auto",
+                            kw_inputs={"input_ids": ids, "labels": ids.clone()}, also_held=_quantization_state)
+    job = make_job("transformers:LlamaForCausalLM", [IDS], mode="train", optimizer="adamw", dtype="bf16",
+                   hf_config=CONFIG, lora=LORA)
+    baseline = graphmem.analyze(job).train
+    assert baseline is not None
+    plan = make_plan(job, Budget(baseline.peak_bytes // 2, Fraction(0), "test"))
+    row = next(r for r in plan.rows if r.changes == {"quantize_base": "nf4"})
+    assert row.peak_bytes == real.peak_bytes
+    assert row.name == "QLoRA: the frozen base in nf4 (bitsandbytes 4-bit)"
+    assert row.extra_compute == 0  # the 4-bit matmul counts the FLOPs of the matmul it replaces

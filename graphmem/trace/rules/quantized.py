@@ -1,7 +1,8 @@
 """Rules for bitsandbytes' 4-bit kernels (QLoRA's quantized base weights, ``--quantize-base``).
 
 bitsandbytes registers its ops with fake kernels, so their outputs record as they are; what
-the fake kernels cannot say is the memory a kernel allocates for itself while it runs.
+the fake kernels cannot say is the memory a kernel allocates for itself while it runs, and
+the FLOPs (torch's flop counter knows only aten's ops).
 """
 
 from __future__ import annotations
@@ -33,3 +34,12 @@ def gemm_4bit_workspace(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int
         return 0
     scales = 2 * 4 * math.prod(absmax_8bit.shape) if isinstance(absmax_8bit, ArgMeta) else 0
     return int(math.prod(shape_b)) * a.dtype.itemsize + scales
+
+
+@register("bitsandbytes::gemm_4bit.default", device="any", kind="flops")
+def gemm_4bit_flops(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """A (rows x K) times the (N x K) weight's transpose: 2 x rows x N x K, as for aten.mm."""
+    a: ArgMeta = args[0]
+    n, k = args[2]
+    flops: int = 2 * math.prod(a.shape[:-1]) * n * k  # a size symbol stays one (no int())
+    return flops

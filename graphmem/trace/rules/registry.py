@@ -21,6 +21,8 @@ op's tensor metadata and non-tensor arguments (they never see a tensor):
     the most elements the value-dependent count can reach and, per output, its shape
     (``None`` where the count goes) and dtype.  Registered for ``device="any"``: the limits
     are the op's own, whatever the device.
+  - ``flops``: the FLOPs of an op torch.utils.flop_counter has no formula for (a library's
+    own op, bitsandbytes' 4-bit matmul) -> int.
 
     @register(aten.mm.default, device="cuda")
     def mm_workspace(args: tuple[ArgMeta, ...], kwargs: dict) -> int: ...
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -74,7 +76,7 @@ class Bound:
 # output_shapes rules return {output index: shape}; fake_kernel rules return an ArgMeta
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
-KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds")
+KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds", "flops")
 _RULES: dict[tuple[str, str, torch._ops.OpOverload | str], Rule] = {}
 
 
@@ -87,6 +89,7 @@ class RuleTable:
     output_shapes: Mapping[torch._ops.OpOverload, Rule]
     fake_kernels: Mapping[torch._ops.OpOverload, Rule]
     output_bounds: Mapping[torch._ops.OpOverload, Rule]
+    flops: Mapping[torch._ops.OpOverload, Rule] = field(default_factory=dict)
 
 
 def register(op: torch._ops.OpOverload | str, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
@@ -128,7 +131,7 @@ def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = 
     scratch = of("scratch")
     scratch.update(extra or {})
     return RuleTable(scratch=scratch, output_dtypes=of("output_dtypes"), output_shapes=of("output_shapes"),
-                     fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"))
+                     fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"), flops=of("flops"))
 
 
 def _resolved(op: torch._ops.OpOverload | str) -> torch._ops.OpOverload | None:
