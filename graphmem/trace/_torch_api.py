@@ -18,6 +18,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
     FakeTensorMode,
     UnsupportedOperatorException,
     unset_fake_temporarily,
@@ -44,6 +45,7 @@ __all__ = [
     "current_autograd_node",
     "expr_of",
     "hint_of",
+    "is_fake",
     "quiet_fake_tensor_logs",
     "recording_fake_mode",
     "shape_guards",
@@ -203,6 +205,11 @@ def quiet_fake_tensor_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake tensor (else a real one, or a meta tensor)."""
+    return isinstance(t, FakeTensor)
 
 
 def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> Any:

@@ -28,7 +28,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem.trace._torch_api import hint_of, unset_fake_temporarily
+from graphmem.trace._torch_api import hint_of, is_fake, unset_fake_temporarily
 
 __all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT"]
 
@@ -79,7 +79,14 @@ class Shadows:
             self._shadows[fake] = _Shadow(value, frozenset({f"{name}={kind}"}))
 
     def get(self, t: Any) -> _Shadow | None:
-        return self._shadows.get(t) if isinstance(t, torch.Tensor) else None
+        """The shadow of ``t``; a real tensor (a constant the model made, such as the ``1`` of
+        ``mask[idx] = 1``, before it is lifted to a fake one) is its own."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        found: _Shadow | None = self._shadows.get(t)
+        if found is None and not is_fake(t) and t.device.type != "meta" and t.numel() <= SHADOW_LIMIT:
+            found = _Shadow(t, frozenset())
+        return found
 
     def propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Run ``func`` on the shadows of its arguments, when they all have one."""
@@ -109,14 +116,14 @@ class Shadows:
     def attach(self, args: Any, kwargs: Any, out: Any, real: Any) -> None:
         """Record ``real`` as the values of the fake outputs ``out`` of an op on ``args``."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        sources = frozenset().union(*(self._shadows[t].sources for t in tensors)) if tensors else frozenset()
+        sources = frozenset().union(*(self._of(t).sources for t in tensors)) if tensors else frozenset()
         fakes = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for fake, value in zip(fakes, [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)], strict=False):
             self._shadows[fake] = _Shadow(value, sources)
 
     def run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """``func`` on real shadow values (every tensor argument must have a shadow)."""
-        swap = lambda a: self._shadows[a].value if isinstance(a, torch.Tensor) else hint_of(a) \
+        swap = lambda a: self._of(a).value if isinstance(a, torch.Tensor) else hint_of(a) \
             if isinstance(a, torch.SymInt) else a
         real_args, real_kwargs = tree_map(swap, (tuple(args), dict(kwargs)))
         with unset_fake_temporarily():
@@ -128,8 +135,13 @@ class Shadows:
         ok = all(self.get(t) is not None for t in tensors)
         if ok:
             for t in tensors:
-                self.used |= self._shadows[t].sources
+                self.used |= self._of(t).sources
         return ok
+
+    def _of(self, t: torch.Tensor) -> _Shadow:
+        found = self.get(t)
+        assert found is not None, "Shadows: a tensor without a shadow"
+        return found
 
 
 def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:

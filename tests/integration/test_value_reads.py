@@ -68,3 +68,33 @@ def test_reads_of_activations_still_stop_with_a_clear_error() -> None:
 def test_assume_must_name_an_input() -> None:
     with pytest.raises(UserInputError, match="not an input"):
         graphmem.analyze(ReadsMask, ["ids=2x8:int64", "mask=2x8:int64"], assume={"masks": "ones"})
+
+
+class WritesAConstant(nn.Module):
+    """The wav2vec2 family's feature-vector mask: a Python constant written into a tensor
+    (``mask[idx] = 1``), then the model branches on the result and sizes a tensor by it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        lengths = attention_mask.sum(-1) // 2
+        frames = torch.zeros(x.shape[0], x.shape[1], dtype=attention_mask.dtype)
+        frames[(torch.arange(x.shape[0]), lengths - 1)] = 1
+        frames = frames.flip([-1]).cumsum(-1).flip([-1]).bool()
+        h = self.fc(x)
+        if not frames.all():  # padded frames are zeroed, as the encoder does
+            h = h * frames.unsqueeze(-1)
+        return h[:, : int(lengths.max())]
+
+
+def test_a_constant_written_into_a_mask_keeps_its_value_known() -> None:
+    x, mask = torch.randn(2, 6, 8), torch.ones(2, 12, dtype=torch.int64)
+    specs = ["2x6x8", "attention_mask=2x12:int64"]
+    report = graphmem.analyze(WritesAConstant, specs, mode="both", optimizer="adam")
+    assert report.inference is not None and report.train is not None
+    kw = {"attention_mask": mask}
+    assert report.inference.peak_bytes == measure_inference(WritesAConstant, [x], kw_inputs=kw).peak_bytes
+    real = measure_training(WritesAConstant, [x], OPTIMIZERS["adam"], "sum", kw_inputs=kw)
+    assert report.train.peak_bytes == real.peak_bytes
