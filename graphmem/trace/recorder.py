@@ -403,6 +403,9 @@ class Recorder(TorchDispatchMode):
         except DATA_DEPENDENT_ERRORS as exc:
             if self.shadows.answerable(args, kwargs):
                 return self._from_shadows(func, args, kwargs)
+            answered = self._from_values(func, args, kwargs)
+            if answered is not None:
+                return answered
             rule = self._rules.output_bounds.get(func)
             if rule is None or not isinstance(exc, DynamicOutputShapeException):
                 raise
@@ -467,6 +470,23 @@ class Recorder(TorchDispatchMode):
                         if isinstance(r, torch.Tensor) else r, real)
         self.shadows.attach(args, kwargs, fake, real)
         return fake
+
+    def _from_values(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Fake outputs from the op's ``value_kernel`` rule, given the known values of its
+        arguments (None: no rule, or a value it needs is unknown)."""
+        rule = self._rules.value_kernels.get(func)
+        if rule is None:
+            return None
+        known, sources = self.shadows.known_values(args, kwargs)
+        as_meta = lambda a: _to_meta(a) if isinstance(a, torch.Tensor) and id(a) not in known else a
+        swap = lambda a: known[id(a)] if isinstance(a, torch.Tensor) and id(a) in known else as_meta(a)
+        with unset_fake_temporarily():  # the rule computes on the real values
+            out = rule(tree_map(swap, tuple(args)), tree_map(swap, dict(kwargs)))
+        if out is None:
+            return None
+        self.shadows.used |= sources
+        return tree_map(lambda m: torch.empty_strided(m.shape, m.stride, dtype=m.dtype)
+                        if isinstance(m, ArgMeta) else m, out)
 
     def _scratch(self, func: Any, args: Any, kwargs: Any) -> Any:
         rule = self._rules.scratch.get(func)

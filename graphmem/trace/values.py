@@ -138,6 +138,18 @@ class Shadows:
                 self.used |= self._of(t).sources
         return ok
 
+    def known_values(self, args: Any, kwargs: Any) -> tuple[dict[int, torch.Tensor], frozenset[str]]:
+        """The real values of the tensor arguments that have a shadow, by id, and the
+        assumptions they rest on."""
+        known: dict[int, torch.Tensor] = {}
+        sources: frozenset[str] = frozenset()
+        for t in tree_flatten((args, kwargs))[0]:
+            shadow = self.get(t)
+            if shadow is not None:
+                known[id(t)] = shadow.value
+                sources |= shadow.sources
+        return known, sources
+
     def _of(self, t: torch.Tensor) -> _Shadow:
         found = self.get(t)
         assert found is not None, "Shadows: a tensor without a shadow"

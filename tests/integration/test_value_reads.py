@@ -98,3 +98,29 @@ def test_a_constant_written_into_a_mask_keeps_its_value_known() -> None:
     assert report.inference.peak_bytes == measure_inference(WritesAConstant, [x], kw_inputs=kw).peak_bytes
     real = measure_training(WritesAConstant, [x], OPTIMIZERS["adam"], "sum", kw_inputs=kw)
     assert report.train.peak_bytes == real.peak_bytes
+
+
+class CTCHead(nn.Module):
+    """A speech recognition head's CTC loss, lengths from the attention mask and the labels
+    as transformers' wav2vec2 computes them: the loss's outputs are sized by the longest target."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        log_probs = nn.functional.log_softmax(self.fc(x), -1).transpose(0, 1)
+        labels_mask = labels >= 0
+        return nn.functional.ctc_loss(log_probs, labels.masked_select(labels_mask), attention_mask.sum(-1),
+                                      labels_mask.sum(-1), blank=0, reduction="sum", zero_infinity=True)
+
+
+def test_ctc_loss_is_sized_by_the_known_target_lengths() -> None:
+    specs = ["2x6x8", "attention_mask=2x6:int64", "labels=2x3:int64"]
+    report = graphmem.analyze(CTCHead, specs, mode="train", optimizer="sgd")
+    assert report.train is not None
+    real = measure_training(CTCHead, [torch.randn(2, 6, 8)], OPTIMIZERS["sgd"], "auto",
+                            kw_inputs={"attention_mask": torch.ones(2, 6, dtype=torch.int64),
+                                       "labels": torch.randint(1, 10, (2, 3))})
+    assert report.train.peak_bytes == real.peak_bytes
+    assert {p.phase: p.peak_bytes for p in report.train.phases} == real.phase_peaks

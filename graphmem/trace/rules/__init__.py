@@ -5,6 +5,7 @@ from __future__ import annotations
 from graphmem.trace.rules import (  # noqa: F401  (register their rules)
     bounds,
     grouped_mm,
+    loss,
     normalization,
     quantized,
     rnn,

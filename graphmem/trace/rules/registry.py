@@ -23,6 +23,11 @@ op's tensor metadata and non-tensor arguments (they never see a tensor):
     are the op's own, whatever the device.
   - ``flops``: the FLOPs of an op torch.utils.flop_counter has no formula for (a library's
     own op, bitsandbytes' 4-bit matmul) -> int.
+  - ``value_kernel``: where an op's output sizes depend on the values of small tensor
+    arguments that graphmem knows (derived from the assumed inputs: lengths computed from an
+    attention mask, graphmem.trace.values), the outputs -> an ``ArgMeta`` or a tuple of them,
+    or None when a value it needs is unknown.  Each such argument is given as the real tensor
+    holding its values, the others as ``ArgMeta``.
 
     @register(aten.mm.default, device="cuda")
     def mm_workspace(args: tuple[ArgMeta, ...], kwargs: dict) -> int: ...
@@ -76,7 +81,7 @@ class Bound:
 # output_shapes rules return {output index: shape}; fake_kernel rules return an ArgMeta
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
-KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds", "flops")
+KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds", "flops", "value_kernel")
 _RULES: dict[tuple[str, str, torch._ops.OpOverload | str], Rule] = {}
 
 
@@ -90,6 +95,7 @@ class RuleTable:
     fake_kernels: Mapping[torch._ops.OpOverload, Rule]
     output_bounds: Mapping[torch._ops.OpOverload, Rule]
     flops: Mapping[torch._ops.OpOverload, Rule] = field(default_factory=dict)
+    value_kernels: Mapping[torch._ops.OpOverload, Rule] = field(default_factory=dict)
 
 
 def register(op: torch._ops.OpOverload | str, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
@@ -131,7 +137,8 @@ def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = 
     scratch = of("scratch")
     scratch.update(extra or {})
     return RuleTable(scratch=scratch, output_dtypes=of("output_dtypes"), output_shapes=of("output_shapes"),
-                     fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"), flops=of("flops"))
+                     fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"), flops=of("flops"),
+                     value_kernels=of("value_kernel"))
 
 
 def _resolved(op: torch._ops.OpOverload | str) -> torch._ops.OpOverload | None:
