@@ -37,6 +37,11 @@ SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of 
 # all-gather buffers are made so, then written by collectives)
 _UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
                             torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
+# uniform draws in [0, 1): a model that reads one decides at random (LayerDrop skips a layer
+# when torch.rand() < its rate); graphmem answers with the largest value, the same every run,
+# so every layer that could be skipped runs: the worst case
+_UNIFORM = frozenset({torch.ops.aten.rand, torch.ops.aten.rand_like})
+RANDOM_DRAW = "a random draw"  # the source of the shadows of _UNIFORM's outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,12 @@ class Shadows:
             self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
             return
         if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in _UNINITIALISED:
+            return
+        if func.overloadpacket in _UNIFORM and isinstance(out, torch.Tensor) and out.is_floating_point():
+            with unset_fake_temporarily():
+                below_one = torch.nextafter(torch.ones((), dtype=out.dtype), torch.zeros((), dtype=out.dtype))
+                value = below_one.expand(tuple(hint_of(d) for d in out.shape)).contiguous()
+            self._shadows[out] = _Shadow(value, frozenset({RANDOM_DRAW}))
             return
         self.attach(args, kwargs, out, self.run(func, args, kwargs))
 
@@ -160,7 +171,10 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     """Assumption notes for the report, one per assumed input an answer depended on."""
     words = {"ones": "all ones (no padding)", "zeros": "all zeros", "arange": "0, 1, 2, ... (no packing)"}
     notes = []
-    for item in sorted(used):
+    if RANDOM_DRAW in used:
+        notes.append("upper bound: the model reads a random draw (torch.rand, e.g. LayerDrop's `if torch.rand([]) < "
+                     "layerdrop`); it was taken as its largest value, just below 1, so every layer it could skip runs")
+    for item in sorted(used - {RANDOM_DRAW}):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "
