@@ -92,6 +92,11 @@ class Job:
         if self.quantize_base is not None and self.lora is None:
             raise UserInputError("--quantize-base needs --lora: quantized base weights do not train, so QLoRA "
                                  "trains LoRA adapters on them (e.g. --lora r=16,alpha=32,target=all-linear)")
+        if self.quantize_base is not None and self.parallel is not None and (
+                self.parallel.parallelize is not None or any(name != "ddp" for name, _ in self.parallel.degrees)):
+            raise UserInputError(f"--quantize-base with --parallel {self.parallel.text}: only DDP (ddp=N) is modelled "
+                                 "for a 4-bit base; sharding the packed weights (FSDP-QLoRA), ZeRO, tensor and "
+                                 "pipeline parallelism are not")
         if self.freeze and self.lora is not None:
             raise UserInputError("--freeze and --lora together: LoRA already freezes every weight but its "
                                  "adapters; give one of them")

@@ -184,3 +184,8 @@ def test_a_model_without_linear_layers_has_nothing_to_quantize() -> None:
 
     with pytest.raises(UserInputError, match="no linear layer to quantize"):
         graphmem.analyze(Convs(), ["1x3x8x8"], mode="train", lora="r=2,target=conv", quantize_base="nf4")
+
+
+def test_a_quantized_base_is_refused_with_sharding() -> None:
+    with pytest.raises(UserInputError, match="only DDP"):
+        graphmem.make_job(MLP, ["4x1000"], lora="r=2,target=layers.0", quantize_base="nf4", parallel="fsdp=2")
