@@ -86,6 +86,8 @@ class _FakeTensorMode(FakeTensorMode):
         self._kernels = kernels
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _VIEWS:
+            return self._view(func, types, args, kwargs)
         kernel = self._kernels.get(func)
         if kernel is None:
             reference = _SYMBOLIC_REFERENCES.get(func) if self.shape_env is not None else None
@@ -98,6 +100,34 @@ class _FakeTensorMode(FakeTensorMode):
         with self:
             return tree_map(lambda m: torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=device)
                             if isinstance(m, ArgMeta) else m, out)
+
+
+    def _view(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """``view`` with the strides the real kernel gives.  FakeTensor computes a view's
+        strides in Python (torch._refs._reshape_view_helper), which differs from ATen's
+        computeStride for dimensions of size 1 (a view of (1, 64, 4, 4) channels-last as
+        (1, 64, 16): batch stride 1024, where the real kernel gives 64); and strides decide
+        memory formats (an upsampling backward's output layout, whether autograd copies a
+        gradient into its parameter's layout).  The C++ meta kernel computes them as the real
+        one: the fake view is re-strided to its answer.  Sizes as symbols: left as is."""
+        out = super().dispatch(func, types, args, kwargs or {})
+        a = args[0]
+        if not isinstance(out, torch.Tensor) or 1 not in out.shape or not _concrete(a, out):
+            return out
+        with unset_fake_temporarily():
+            meta = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+            wanted = func(meta, *args[1:], **(kwargs or {})).stride()
+        if wanted == out.stride():
+            return out
+        return super().dispatch(torch.ops.aten.as_strided.default, types,
+                                (a, out.shape, wanted, a.storage_offset()), {})
+
+
+_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
+
+
+def _concrete(*tensors: torch.Tensor) -> bool:
+    return all(type(n) is int for t in tensors for n in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 @functools.cache

@@ -18,7 +18,9 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 ROOT = Path(__file__).resolve().parents[2]
 
 # kind -> model type: a seq2seq LM, a CNN, a windowed vision transformer, a speech seq2seq
-# model, a state-space LM, a masked LM with relative attention, a mixture-of-experts LM
+# model, a state-space LM, a masked LM with relative attention, a mixture-of-experts LM, a CTC
+# speech recognizer (its masks and loss sized from known values), a vision transformer whose
+# position-embedding gradient layout follows size-1 view strides
 SAMPLE = {
     "seq2seq": "bart",
     "cnn": "resnet",
@@ -27,6 +29,8 @@ SAMPLE = {
     "state-space": "mamba",
     "masked-lm": "deberta-v2",
     "moe": "qwen2_moe",
+    "ctc": "wav2vec2",
+    "size-1-strides": "radio",
 }
 
 

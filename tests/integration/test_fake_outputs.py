@@ -69,3 +69,19 @@ def test_rules_give_every_zoo_op_its_real_output_size(model: ZooModel) -> None:
                          iterations=1)
     assert compare.ops, "no op was seen"
     assert not compare.wrong, f"op: (real output bytes, fake output bytes): {compare.wrong}"
+
+
+def test_a_view_with_a_dimension_of_size_one_has_the_real_kernels_strides() -> None:
+    """FakeTensor computes view strides in Python and differs from ATen for size-1 dims; the
+    strides decide memory formats downstream (RADIO's position-embedding gradient)."""
+    real = torch.empty_strided((1, 64, 4, 4), (1024, 1, 256, 64))
+    shapes = ((1, 64, 16), (64, 16), (1, 1, 64, 16))
+    expected = {shape: real.view(*shape).stride() for shape in shapes}  # real CPU views
+    assert expected[(1, 64, 16)] == (64, 1, 64)
+    mode = recording_fake_mode()
+    with mode:
+        fake = mode.from_tensor(real)
+        for shape in shapes:
+            view = fake.view(*shape)
+            assert view.stride() == expected[shape], shape
+            assert view._base is fake
