@@ -112,8 +112,8 @@ class _FakeTensorMode(FakeTensorMode):
         one: the fake view is re-strided to its answer.  Sizes as symbols: left as is."""
         out = super().dispatch(func, types, args, kwargs or {})
         a = args[0]
-        if not isinstance(out, torch.Tensor) or 1 not in out.shape or not _concrete(a, out):
-            return out
+        if not isinstance(out, torch.Tensor) or 1 not in out.shape or a.is_contiguous() or not _concrete(a, out):
+            return out  # a contiguous input's view is contiguous both ways
         with unset_fake_temporarily():
             meta = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
             wanted = func(meta, *args[1:], **(kwargs or {})).stride()
