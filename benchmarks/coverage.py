@@ -885,18 +885,19 @@ def _cause(row: dict[str, Any]) -> str:
 
 # Why a cause happens, where it is known (pattern on the cause, explanation)
 EXPLANATIONS: list[tuple[str, str]] = [
-    ("exact when every storage", "the step is not the same twice: M2M-100's LayerDrop skips a layer when "
-     "torch.rand() falls below its rate, and graphmem answers that read with a real random draw, so the "
-     "recorded layers differ from run to run (and from the real run's)"),
-    ("also off when every storage", "another cause, not the release check (radio: the real backward copies a "
-     "gradient whose strides differ from its parameter's before accumulating it; the recording keeps it as it is)"),
+    ("exact when every storage", "the step is not the same twice: the model reads a random value other than a "
+     "uniform draw (a uniform draw is answered with its largest value), so the recorded step differs from the "
+     "real run's"),
+    ("also off when every storage", "another cause, not the release check (sam3_vision_model: the real run and "
+     "the recording take different op sequences in the vision backbone; not found yet)"),
     ("Mixing fake modes", "model code caches a tensor by shape (functools.lru_cache on position or rotary "
      "embeddings); the inference recording's fake tensor reaches the training recording"),
     ("upper bound", "graphmem recorded a value-dependent op at its worst case (every element kept) and "
      "says so; the real run, on random inputs, kept fewer"),
-    ("_ctc_loss", "CTC loss needs the values of the target and input lengths (computed from the inputs)"),
+    ("_ctc_loss", "CTC loss needs the values of the target lengths, and they are not known here (not computed "
+     "from an assumed input)"),
     ("mask", "a value of a mask computed from the attention mask (an input, assumed all ones): the known values "
-     "are lost on the way (the wav2vec2 family: a Python scalar written into a tensor, `mask[idx] = 1`)"),
+     "are lost on the way"),
     ("expert", "MoE routing read as Python numbers (`.tolist()` of expert sizes, `if expert_idx == ...`)"),
     ("_local_scalar_dense", "the model reads a value computed at run time (padding sizes, coordinates, "
      "a structure check)"),
