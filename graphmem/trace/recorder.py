@@ -23,7 +23,7 @@ import math
 import operator
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -83,13 +83,23 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
+def _metas(args: Any, kwargs: Any, known: Mapping[int, torch.Tensor] | None = None) -> tuple[Any, Any]:
+    """An op's arguments as a rule sees them: tensors as ``ArgMeta``, except those in
+    ``known`` (by id), which are given as the real tensors holding their values."""
+    def one(value: Any) -> Any:
+        if known and isinstance(value, torch.Tensor) and id(value) in known:
+            return known[id(value)]
+        return _to_meta(value)
+    return tree_map(one, tuple(args)), tree_map(one, dict(kwargs))
+
+
 def fixed_outputs(rules: RuleTable, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
     """``out`` with the op's output_dtypes and output_shapes rules applied: outputs re-created
     in the real kernel's dtype, then with the real kernel's size."""
     dtype_rule, shape_rule = rules.output_dtypes.get(func), rules.output_shapes.get(func)
     if (dtype_rule is None and shape_rule is None) or not isinstance(out, tuple):
         return out
-    meta_args, meta_kwargs = tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs))
+    meta_args, meta_kwargs = _metas(args, kwargs)
     if dtype_rule is not None:
         fixes = dtype_rule(meta_args, meta_kwargs)
         out = tuple(torch.empty_like(t, dtype=fixes[i]) if i in fixes else t for i, t in enumerate(out))
@@ -418,7 +428,7 @@ class Recorder(TorchDispatchMode):
         """Outputs at the op's largest size (``output_bounds`` rules), or at the declared
         fraction of it (``kept``), noted in the report: the peak is then an upper bound."""
         try:
-            bound = output_bounds(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+            bound = output_bounds(rule, *_metas(args, kwargs))
         except NotImplementedError:
             raise exc from None
         most = hint_of(bound.count)  # with sizes as symbols, the trace is then not kept as a formula
@@ -478,10 +488,8 @@ class Recorder(TorchDispatchMode):
         if rule is None:
             return None
         known, sources = self.shadows.known_values(args, kwargs)
-        as_meta = lambda a: _to_meta(a) if isinstance(a, torch.Tensor) and id(a) not in known else a
-        swap = lambda a: known[id(a)] if isinstance(a, torch.Tensor) and id(a) in known else as_meta(a)
         with unset_fake_temporarily():  # the rule computes on the real values
-            out = rule(tree_map(swap, tuple(args)), tree_map(swap, dict(kwargs)))
+            out = rule(*_metas(args, kwargs, known))
         if out is None:
             return None
         self.shadows.used |= sources
@@ -492,13 +500,13 @@ class Recorder(TorchDispatchMode):
         rule = self._rules.scratch.get(func)
         if rule is None:
             return 0
-        return scratch_bytes(rule, tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+        return scratch_bytes(rule, *_metas(args, kwargs))
 
     def _flops(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
         rule = self._rules.flops.get(func)
         if rule is None:
             return count_flops(func, args, kwargs, out)
-        return rule(tree_map(_to_meta, tuple(args)), tree_map(_to_meta, dict(kwargs)))
+        return rule(*_metas(args, kwargs))
 
     def _fix_dtypes(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
         """Apply an op's output_dtypes and output_shapes rules (``fixed_outputs``)."""
