@@ -1,0 +1,128 @@
+"""Repeated blocks: the stack of identical blocks a model runs one after another.
+
+Input: a module.  Output: its longest stack of identical blocks (an ``nn.ModuleList`` or
+``nn.Sequential`` whose children are alike), or None; and a context that runs the model
+with the stack cut to its first few blocks.  graphmem.trace.repeat records the cut model
+and places the other blocks' ops and storages by offset.
+
+Blocks are alike when every submodule has the same class, the same parameters and
+buffers (names, shapes, dtypes, ``requires_grad``, tensor class), no hooks, and the same
+plain attributes, except integers that grow with the block's position (``layer_idx``).
+A block whose behaviour depends on its position only through such an integer is caught
+by the check graphmem.trace.repeat makes on the recording itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Stack", "find_stack", "cut_to"]
+
+MIN_BLOCKS = 6  # below this, recording four blocks and checking them saves little
+_PLAIN = (int, float, str, bool, type(None), torch.dtype, torch.device)
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_state_dict_hooks", "_load_state_dict_pre_hooks")
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """A stack of ``length`` alike blocks at module path ``path`` (``model.layers``)."""
+
+    path: str
+    length: int
+    container: nn.Module
+
+
+def find_stack(model: nn.Module) -> Stack | None:
+    """The stack of alike blocks holding the most parameters, or None when there is none
+    with at least MIN_BLOCKS blocks (or a block shares a tensor with anything else)."""
+    counts: dict[int, int] = {}
+    for _, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        counts[id(tensor)] = counts.get(id(tensor), 0) + 1
+    best: tuple[int, Stack] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < MIN_BLOCKS:
+            continue
+        blocks = list(module.children())
+        if len(blocks) != len(module) or len({id(b) for b in blocks}) != len(blocks) or not _alike(blocks):
+            continue
+        if any(counts.get(id(t), 0) != 1 for b in blocks for t in (*b.parameters(), *b.buffers())):
+            continue  # a tensor shared between blocks, or with the rest of the model
+        size = sum(t.numel() for b in blocks for t in b.parameters())
+        if best is None or size > best[0]:
+            best = (size, Stack(path=path, length=len(blocks), container=module))
+    return best[1] if best else None
+
+
+def _alike(blocks: list[nn.Module]) -> bool:
+    """Whether every block has the first one's signature (integers may grow with position)."""
+    first = _signature(blocks[0])
+    if first is None:
+        return False
+    for position, block in enumerate(blocks[1:], start=1):
+        other = _signature(block)
+        if other is None or len(other) != len(first):
+            return False
+        for (key, a), (key2, b) in zip(first, other, strict=True):
+            if key != key2 or not _same_value(a, b, position):
+                return False
+    return True
+
+
+def _signature(block: nn.Module) -> list[tuple[str, Any]] | None:
+    """(key, value) pairs describing ``block``; None when it has hooks (they may differ)."""
+    items: list[tuple[str, Any]] = []
+    for name, module in block.named_modules(remove_duplicate=False):
+        if any(getattr(module, hooks, None) for hooks in _HOOKS):
+            return None
+        items.append((f"{name}:class", type(module)))
+        for kind, table in (("p", module._parameters), ("b", module._buffers)):
+            for key, t in table.items():
+                items.append((f"{name}.{key}:{kind}", None if t is None else
+                              (type(t), tuple(t.shape), t.dtype, t.requires_grad)))
+        for key, value in sorted(vars(module).items()):
+            if key in ("_parameters", "_buffers", "_modules") or key in _HOOKS or key.startswith("_forward") \
+                    or key.startswith("_backward") or key.startswith("_state_dict") or key.startswith("_load"):
+                continue
+            items.append((f"{name}.{key}", value))
+    return items
+
+
+def _same_value(a: Any, b: Any, position: int) -> bool:
+    """``a`` (block 0's) and ``b`` (the block at ``position``'s) are the same attribute: equal,
+    the same object, or integers that differ by the position (a layer index)."""
+    if a is b:
+        return True
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and b - a == position:
+        return True
+    if isinstance(a, _PLAIN) and isinstance(b, _PLAIN):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_value(x, y, 0) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+            and a.dtype == b.dtype
+    if callable(a) and callable(b):  # the same function bound to each block's own module
+        return getattr(a, "__func__", a) is getattr(b, "__func__", b)
+    try:
+        return bool(type(a) is type(b) and a == b)
+    except Exception:  # an object whose == is not a plain comparison
+        return False
+
+
+@contextlib.contextmanager
+def cut_to(stack: Stack, keep: int) -> Iterator[None]:
+    """Run with ``stack`` holding only its first ``keep`` blocks; restored after."""
+    container = stack.container
+    saved = container._modules
+    container._modules = type(saved)((key, saved[key]) for key in list(saved)[:keep])
+    try:
+        yield
+    finally:
+        container._modules = saved

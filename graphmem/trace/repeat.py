@@ -1,0 +1,374 @@
+"""Repeated blocks recorded once: a step of a model with a stack of alike blocks, from a
+recording of the model cut to its first four blocks.
+
+Input: the ``Trace`` of the cut model (blocks 0-3 of the stack at ``prefix``) and the
+stack's real length L.  Output: the ``Trace`` the whole model records, op for op and storage
+for storage: blocks 0 and 3 stand for the first and the last block, and block 1 is the
+template of every block between them.  Each op of a block, and each storage a block owns,
+is placed for the other blocks by offset: a block-1 op that reads block 0's output reads the
+previous block's, one that reads a gradient block 2 made reads the next block's.  The
+optimizer's multi-tensor ops (``_foreach_*``, ``_fused_*``) take every block's tensors in
+order; their lists grow by the copies.
+
+The recording checks itself: the cut trace, rebuilt from blocks 0, 1 and 3 alone (block 2 a
+copy of block 1), must equal the cut trace as recorded; anything else (a block that differs
+from the one before it, an op outside the blocks that reads a block between the first and
+the last, a block that reads two blocks away) raises ``Unrepeatable`` and the caller records
+the whole model.  Knows nothing of reports or the command line.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from graphmem.trace.records import OpRecord, Phase, StorageRecord, SymbolicSizes, Trace
+
+__all__ = ["KEEP", "Unrepeatable", "repeat_blocks", "same_trace"]
+
+KEEP = 4  # blocks recorded: the first, two between (the template and its check), the last
+_SHARED = ("aten._foreach_", "aten._fused_")
+Key = tuple[int, Hashable]  # a storage of the whole trace: (block, its id within the block) or (-1, sid)
+
+
+class Unrepeatable(Exception):
+    """The cut recording does not repeat by offset; record the whole model."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The cut trace taken apart: per op ``kind`` (None outside the stack, "shared", or
+    (block, run, position)); per block its ``runs`` (start, stop) of consecutive ops; per
+    run whether its blocks run in ``ascending`` order; each block storage's ``owner``
+    (block, id within the block) and per block ``local`` id -> sid."""
+
+    prefix: str
+    kind: tuple[Any, ...]
+    runs: tuple[tuple[tuple[int, int], ...], ...]
+    ascending: tuple[bool, ...]
+    owner: dict[int, tuple[int, Hashable]]
+    local: tuple[dict[Hashable, int], ...]
+
+
+def block_of(path: str, prefix: str) -> int | None:
+    """The block a module path (or a tensor name) lies in: 2 for ``prefix.2.mlp``."""
+    if not path.startswith(prefix + "."):
+        return None
+    head = path[len(prefix) + 1:].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _renamed(path: str, prefix: str, source: int, target: int) -> str:
+    """``path`` in block ``source`` renamed into block ``target``."""
+    head = f"{prefix}.{source}"
+    return f"{prefix}.{target}{path[len(head):]}"
+
+
+def _moved(path: str, prefix: str, source: int, target: int) -> str:
+    """A module path or tensor name seen from block ``source``, seen from block ``target``:
+    a path in block b moves to block b + target - source; other paths stay."""
+    b = block_of(path, prefix)
+    return path if b is None else _renamed(path, prefix, b, b + target - source)
+
+
+def _kinds(trace: Trace, prefix: str) -> list[Any]:
+    kinds: list[Any] = []
+    for op in trace.ops:
+        if op.phase == Phase.OPTIMIZER and op.op.startswith(_SHARED):
+            kinds.append("shared")
+        else:
+            kinds.append(block_of(op.module, prefix))
+    return kinds
+
+
+def _runs(kinds: list[Any]) -> tuple[list[Any], tuple[tuple[tuple[int, int], ...], ...], tuple[bool, ...]]:
+    """Each block op's (block, run, position), each block's runs, each run's order."""
+    runs: list[list[tuple[int, int]]] = [[] for _ in range(KEEP)]
+    placed = list(kinds)
+    i = 0
+    while i < len(kinds):
+        b = kinds[i]
+        if not isinstance(b, int):
+            i += 1
+            continue
+        if not 0 <= b < KEEP:
+            raise Unrepeatable(f"an op in block {b} of a stack cut to {KEEP}")
+        stop = i
+        while stop < len(kinds) and kinds[stop] == b:
+            placed[stop] = (b, len(runs[b]), stop - i)
+            stop += 1
+        runs[b].append((i, stop))
+        i = stop
+    count = len(runs[0])
+    if any(len(r) != count for r in runs) or any(
+            len({stop - start for start, stop in (runs[b][r] for b in range(KEEP))}) != 1 for r in range(count)):
+        raise Unrepeatable("the blocks' runs of ops differ")
+    ascending = []
+    for r in range(count):
+        if runs[2][r][0] == runs[1][r][1]:
+            ascending.append(True)
+        elif runs[1][r][0] == runs[2][r][1]:
+            ascending.append(False)
+        else:
+            raise Unrepeatable("ops outside the stack between two of its blocks")
+    return placed, tuple(tuple(r) for r in runs), tuple(ascending)
+
+
+def _owners(trace: Trace, prefix: str, kind: list[Any]) -> dict[int, tuple[int, Hashable]]:
+    """Block storage -> (block, id within the block): the tensors named after the block's
+    parameters, what a block op made (by its place in the op), and what a shared op made for
+    a block's tensor."""
+    owner: dict[int, tuple[int, Hashable]] = {}
+    marked: dict[tuple[int, int], int] = defaultdict(int)
+    named: dict[tuple[int, str], int] = defaultdict(int)
+    for s in trace.storages:
+        if s.label or s.created < 0:  # a tensor named after a parameter is its block's, whoever made it
+            b = block_of(s.label, prefix)
+            if b is not None:
+                name = _renamed(s.label, prefix, b, 0)
+                owner[s.sid] = (b, ("n", name, named[(b, name)]))
+                named[(b, name)] += 1
+            continue
+        op, k = trace.ops[s.created], kind[s.created]
+        if k == "shared":
+            if s.sid in op.outputs:
+                pos = op.outputs.index(s.sid)
+                source = op.inputs[pos] if pos < len(op.inputs) else -1
+                if source in owner:
+                    b, lo = owner[source]
+                    owner[s.sid] = (b, ("s", s.created, lo))
+        elif k is not None:
+            b, r, p = k
+            if s.sid in op.outputs:
+                owner[s.sid] = (b, ("o", r, p, op.outputs.index(s.sid)))
+            elif s.sid in op.inputs:
+                owner[s.sid] = (b, ("i", r, p, op.inputs.index(s.sid)))
+            else:  # given a role between two ops
+                owner[s.sid] = (b, ("m", r, p, marked[(b, s.created)]))
+                marked[(b, s.created)] += 1
+    return owner
+
+
+def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Hashable]]) -> list[Any]:
+    """An optimizer op that reads one block's tensors alone is that block's (one that reads
+    tensors outside the stack alone is outside it), whatever it is
+    named after (an op on a tensor with no parameter yet, such as a new step counter, is
+    named after the op before it: the previous parameter's)."""
+    kinds = list(kinds)
+    for i, op in enumerate(trace.ops):
+        if kinds[i] != "shared" and op.phase == Phase.OPTIMIZER and op.inputs:
+            blocks = {owner[sid][0] if sid in owner else None for sid in op.inputs}
+            if len(blocks) == 1:
+                kinds[i] = blocks.pop()
+    return kinds
+
+
+def _layout(trace: Trace, prefix: str) -> _Layout:
+    kinds = _kinds(trace, prefix)
+    for _ in range(4):  # what an op made is its block's; an optimizer op is the block of what it reads
+        placed, runs, ascending = _runs(kinds)
+        owner = _owners(trace, prefix, placed)
+        kinds, before = _by_storages(trace, kinds, owner), kinds
+        if kinds == before:
+            break
+    else:
+        raise Unrepeatable("the optimizer's ops do not settle into blocks")
+    local: tuple[dict[Hashable, int], ...] = tuple({} for _ in range(KEEP))
+    for sid, (b, lo) in owner.items():
+        if lo in local[b]:
+            raise Unrepeatable("two storages of a block in the same place")
+        local[b][lo] = sid
+    return _Layout(prefix=prefix, kind=tuple(placed), runs=runs, ascending=ascending, owner=owner, local=local)
+
+
+class _Placer:
+    """Places the cut trace's blocks for a stack of ``length`` blocks (see the module docstring)."""
+
+    def __init__(self, layout: _Layout, length: int) -> None:
+        if length < KEEP:
+            raise Unrepeatable(f"a stack of {length} blocks is shorter than the {KEEP} recorded")
+        self.layout, self.length = layout, length
+        self.order = self._order()
+        self.index = {at: n for n, at in enumerate(self.order)}
+
+    def source(self, t: int) -> int:
+        """The recorded block that block ``t`` of the whole stack is placed from."""
+        return 0 if t == 0 else KEEP - 1 if t == self.length - 1 else 1
+
+    def _order(self) -> list[tuple[int, int]]:
+        """(block of the whole stack or -1, op of the cut trace) in the whole trace's op order."""
+        lay, last = self.layout, self.length - 1
+        order: list[tuple[int, int]] = []
+        for i, k in enumerate(lay.kind):
+            if not isinstance(k, tuple):
+                order.append((-1, i))
+                continue
+            b, r, p = k
+            if p:
+                continue  # a run is placed whole at its first op
+            if b in (0, KEEP - 1):
+                targets: Sequence[int] = [0 if b == 0 else last]
+            elif (b == 1) == lay.ascending[r]:
+                targets = range(1, last) if lay.ascending[r] else range(last - 1, 0, -1)
+            else:
+                continue
+            for t in targets:
+                start, stop = lay.runs[self.source(t)][r]
+                order.extend((t, j) for j in range(start, stop))
+        return order
+
+    def target(self, t: int, b: int, s: int) -> int:
+        """The block a reference from block ``t`` (placed from ``s``) to recorded block ``b`` means."""
+        if abs(b - s) > 1:
+            raise Unrepeatable("a block reads a block two away")
+        target = t + b - s
+        if not 0 <= target <= self.length - 1:
+            raise Unrepeatable("a reference past the ends of the stack")
+        return target
+
+    def key(self, sid: int, t: int = -1, s: int = -1) -> Key:
+        """The whole trace's storage for ``sid`` read by an op of block ``t`` placed from ``s``
+        (-1: an op outside the stack)."""
+        owned = self.layout.owner.get(sid)
+        if owned is None:
+            return (-1, sid)
+        b, lo = owned
+        if t < 0:
+            if b not in (0, KEEP - 1):
+                raise Unrepeatable("an op outside the stack reads a block between the first and the last")
+            return (0 if b == 0 else self.length - 1, lo)
+        target = self.target(t, b, s)
+        if lo not in self.layout.local[self.source(target)]:
+            raise Unrepeatable("a block's storage has no counterpart in another block")
+        return (target, lo)
+
+    def expand(self, sids: Sequence[int]) -> list[Key]:
+        """A shared op's (or the placeholders') storages: block 1's run of them followed by
+        block 2's becomes the run of every block between the first and the last."""
+        out: list[Key] = []
+        groups: list[tuple[int, list[int]]] = []
+        for sid in sids:
+            b = self.layout.owner[sid][0] if sid in self.layout.owner else -1
+            if groups and groups[-1][0] == b:
+                groups[-1][1].append(sid)
+            else:
+                groups.append((b, [sid]))
+        n = 0
+        while n < len(groups):
+            b, members = groups[n]
+            if b in (1, 2):
+                ids = [self.layout.owner[sid][1] for sid in members]
+                after = groups[n + 1] if n + 1 < len(groups) else (-1, [])
+                if b != 1 or after[0] != 2 or [self.layout.owner[sid][1] for sid in after[1]] != ids:
+                    raise Unrepeatable("a multi-tensor op does not take the blocks in order")
+                out.extend((t, lo) for t in range(1, self.length - 1) for lo in ids)
+                n += 2
+                continue
+            out.extend(self.key(sid) for sid in members)
+            n += 1
+        return out
+
+    def at(self, c: int, t: int, s: int) -> int:
+        """The whole trace's op for an event at cut op ``c`` of a storage of block ``t``
+        placed from ``s`` (-1, -1: a storage outside the stack)."""
+        k = self.layout.kind[c]
+        if not isinstance(k, tuple):
+            return self.index[(-1, c)]
+        b, r, p = k
+        target = self.target(t, b, s) if t >= 0 else (0 if b == 0 else self.length - 1 if b == KEEP - 1 else -1)
+        if target < 0:
+            raise Unrepeatable("a storage outside the stack is made or freed in a block between the ends")
+        return self.index[(target, self.layout.runs[self.source(target)][r][0] + p)]
+
+
+def _placed_op(placer: _Placer, trace: Trace, t: int, i: int) -> tuple[OpRecord, list[Key], list[Key]]:
+    """Cut op ``i`` placed for block ``t`` (-1: outside the stack), its storages as keys."""
+    op, lay = trace.ops[i], placer.layout
+    if t >= 0:
+        s = lay.kind[i][0]
+        return (replace(op, module=_moved(op.module, lay.prefix, s, t)),
+                [placer.key(sid, t, s) for sid in op.inputs], [placer.key(sid, t, s) for sid in op.outputs])
+    b = block_of(op.module, lay.prefix)  # an op outside may be named after the op before it
+    if b in (1, 2):
+        raise Unrepeatable("an op outside the blocks named after a block between the ends")
+    op = replace(op, module=_renamed(op.module, lay.prefix, b, placer.length - 1)) if b == KEEP - 1 else op
+    if lay.kind[i] != "shared":
+        return op, [placer.key(sid) for sid in op.inputs], [placer.key(sid) for sid in op.outputs]
+    if op.scratch_bytes or op.flops:
+        raise Unrepeatable("a multi-tensor op with scratch bytes or FLOPs (they grow with the stack)")
+    return op, placer.expand(op.inputs), placer.expand(op.outputs)
+
+
+def _storage_of(placer: _Placer, trace: Trace, key: Key) -> tuple[int, StorageRecord]:
+    """(cut sid, the whole trace's record with its final sid still to set) for ``key``."""
+    t, lo = key
+    if t < 0:
+        assert isinstance(lo, int)
+        sid, s = lo, -1
+    else:
+        s = placer.source(t)
+        sid = placer.layout.local[s][lo]
+    rec = trace.storages[sid]
+    created = -1 if rec.created < 0 else placer.at(rec.created, t, s)
+    released = None if rec.released is None else placer.at(rec.released, t, s)
+    label = rec.label if t < 0 else _moved(rec.label, placer.layout.prefix, s, t)
+    return sid, replace(rec, created=created, released=released, label=label)
+
+
+def _keys(placer: _Placer, trace: Trace) -> list[Key]:
+    """Every storage of the whole trace: outside ones, the first and last block's, and the
+    template's for each block between."""
+    lay, last = placer.layout, placer.length - 1
+    keys: list[Key] = [(-1, s.sid) for s in trace.storages if s.sid not in lay.owner]
+    keys += [(0, lo) for lo in lay.local[0]] + [(last, lo) for lo in lay.local[KEEP - 1]]
+    keys += [(t, lo) for t in range(1, last) for lo in lay.local[1]]
+    return keys
+
+
+def repeat_blocks(trace: Trace, prefix: str, length: int) -> Trace:
+    """The trace of the whole model with a stack of ``length`` blocks at ``prefix``, from
+    ``trace``, its recording cut to KEEP blocks (see the module docstring).
+
+    Raises:
+        Unrepeatable: the cut recording does not repeat by offset.
+    """
+    placer = _Placer(_layout(trace, prefix), length)
+    placed = [_placed_op(placer, trace, t, i) for t, i in placer.order]
+    records = {key: _storage_of(placer, trace, key) for key in _keys(placer, trace)}
+    first = placer.expand([s.sid for s in trace.storages if s.created < 0])
+
+    def slot(key: Key) -> tuple[int, int, int, int]:  # the recorder numbers storages as it first meets them
+        sid, rec = records[key]
+        _, ins, outs = placed[rec.created]
+        if key in ins:
+            return (rec.created, 0, ins.index(key), sid)
+        return (rec.created, 1, outs.index(key), sid) if key in outs else (rec.created, 2, 0, sid)
+    rest = sorted((key for key in records if records[key][1].created >= 0), key=slot)
+    sid_of = {key: n for n, key in enumerate([*first, *rest])}
+    if len(sid_of) != len(records):
+        raise Unrepeatable("storages placed twice or not at all")
+    ops = tuple(replace(op, index=n, node=f"{op.node}_{t}" if t >= 0 else op.node,
+                        inputs=tuple(sid_of[k] for k in ins), outputs=tuple(sid_of[k] for k in outs))
+                for n, ((op, ins, outs), (t, _)) in enumerate(zip(placed, placer.order, strict=True)))
+    storages = tuple(replace(records[key][1], sid=n) for n, key in enumerate([*first, *rest]))
+    return replace(trace, ops=ops, storages=storages,
+                   sizes=_sizes(trace.sizes, placer, {n: records[key][0] for key, n in sid_of.items()}))
+
+
+def _sizes(sizes: SymbolicSizes | None, placer: _Placer, source: dict[int, int]) -> SymbolicSizes | None:
+    """The size expressions of the whole trace: each storage's and op's from its source."""
+    if sizes is None:
+        return None
+    return replace(sizes, storages={n: sizes.storages[sid] for n, sid in source.items() if sid in sizes.storages},
+                   ops={n: sizes.ops[i] for n, (_, i) in enumerate(placer.order) if i in sizes.ops})
+
+
+def same_trace(a: Trace, b: Trace) -> bool:
+    """Whether two traces record the same step: ops (but their graph node names), storages, sizes."""
+    strip = lambda t: tuple(replace(op, node="") for op in t.ops)
+    return strip(a) == strip(b) and a.storages == b.storages and a.sizes == b.sizes
