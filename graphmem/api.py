@@ -34,10 +34,10 @@ from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.parallel import distinct_ranks
+from graphmem.trace.record import record_step
 from graphmem.trace.records import Phase, Trace
 from graphmem.trace.rules import Rule, RuleTable, rules_for
 from graphmem.trace.symbolic import trace_at
-from graphmem.trace.tracer import trace_step
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve"]
 
@@ -88,7 +88,7 @@ def analyze(job: Job | str | ModelSource | None = None,
     if input_symbol(job.inputs) is not None:
         validate_inputs(job.inputs, symbolic=False)
     built = _build(job, rules)
-    return _report(job, built, policy, trace_step, [parse_input_spec(text) for text in job.inputs])
+    return _report(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs])
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +159,10 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
         trace = None
         if formula:
             try:
-                trace = trace_step(*args, **kwargs, symbol=(symbol, hint))
+                trace = record_step(*args, **kwargs, symbol=(symbol, hint))
             except Exception:  # a kernel, rule or model that needs numbers: recorded with numbers below
                 trace = None
-        recorded.append(trace if trace is not None else trace_step(*args, **kwargs))
+        recorded.append(trace if trace is not None else record_step(*args, **kwargs))
         return recorded[-1]
 
     at_hint = replace(job, inputs=tuple(substitute(t, symbol, hint) for t in job.inputs))
@@ -220,7 +220,7 @@ def _build(job: Job, rules: Mapping[torch._ops.OpOverload, Rule] | None) -> _Bui
 
 def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace],
             specs: list[InputSpec]) -> MemoryReport:
-    """Record (``trace_of``, with trace_step's arguments) each mode the job asks for, then the
+    """Record (``trace_of``, with graphmem.trace.tracer.trace_step's arguments) each mode the job asks for, then the
     liveness pass and the memory model on each trace."""
     module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype
 

@@ -5,9 +5,11 @@ Input: a module.  Output: its longest stack of identical blocks (an ``nn.ModuleL
 with the stack cut to its first few blocks.  graphmem.trace.repeat records the cut model
 and places the other blocks' ops and storages by offset.
 
-Blocks are alike when every submodule has the same class, the same parameters and
-buffers (names, shapes, dtypes, ``requires_grad``, tensor class), no hooks, and the same
-plain attributes, except integers that grow with the block's position (``layer_idx``).
+Blocks are alike when every submodule has the same class, the same parameters and buffers
+(names, shapes, dtypes, ``requires_grad``, tensor class), no hooks, and the same plain
+attributes, except integers (and numbers in names) that grow with the block's position
+(``layer_idx``).  The first block need not be like the others: it is recorded as it is (a
+ResNet stage's first block downsamples, T5's first holds the position bias).
 A block whose behaviour depends on its position only through such an integer is caught
 by the check graphmem.trace.repeat makes on the recording itself.
 """
@@ -15,6 +17,7 @@ by the check graphmem.trace.repeat makes on the recording itself.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +28,8 @@ from torch import nn
 __all__ = ["Stack", "find_stack", "cut_to"]
 
 MIN_BLOCKS = 6  # below this, recording four blocks and checking them saves little
-_PLAIN = (int, float, str, bool, type(None), torch.dtype, torch.device)
+_PLAIN = (int, float, bool, type(None), torch.dtype, torch.device)
+_NUMBER = re.compile(r"(\d+)")
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
           "_state_dict_hooks", "_load_state_dict_pre_hooks")
 
@@ -50,8 +54,8 @@ def find_stack(model: nn.Module) -> Stack | None:
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < MIN_BLOCKS:
             continue
         blocks = list(module.children())
-        if len(blocks) != len(module) or len({id(b) for b in blocks}) != len(blocks) or not _alike(blocks):
-            continue
+        if len(blocks) != len(module) or len({id(b) for b in blocks}) != len(blocks) or not _alike(blocks[1:]):
+            continue  # (the first block is recorded as it is: it may differ, as a ResNet stage's first)
         if any(counts.get(id(t), 0) != 1 for b in blocks for t in (*b.parameters(), *b.buffers())):
             continue  # a tensor shared between blocks, or with the rest of the model
         size = sum(t.numel() for b in blocks for t in b.parameters())
@@ -96,15 +100,22 @@ def _signature(block: nn.Module) -> list[tuple[str, Any]] | None:
 
 def _same_value(a: Any, b: Any, position: int) -> bool:
     """``a`` (block 0's) and ``b`` (the block at ``position``'s) are the same attribute: equal,
-    the same object, or integers that differ by the position (a layer index)."""
+    the same object, or integers (and numbers in names) that differ by the position (a layer
+    index, ``model.layers.3.self_attn``)."""
     if a is b:
         return True
     if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and b - a == position:
         return True
+    if isinstance(a, str) and isinstance(b, str):  # a name with the block's index in it
+        x, y = _NUMBER.split(a), _NUMBER.split(b)
+        return len(x) == len(y) and all(p == q or (n % 2 and int(q) - int(p) == position)
+                                        for n, (p, q) in enumerate(zip(x, y, strict=True)))
     if isinstance(a, _PLAIN) and isinstance(b, _PLAIN):
         return type(a) is type(b) and a == b
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(_same_value(x, y, 0) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k], position) for k in a)
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
             and a.dtype == b.dtype

@@ -84,6 +84,8 @@ class CudaKernels(TorchFunctionMode):
         super().__init__()
         self.gpu, self.sdpa = gpu, sdpa
         self.backends: dict[str, int] = {}  # SDPA backend -> calls, for the report
+        self.calls: list[tuple[str, int]] = []  # (SDPA backend, index of the op recorded next), in order
+        self.position: Callable[[], int] = lambda: -1  # the recorder's next op index, set by the tracer
         self._routes: dict[Callable[..., Any], Callable[..., Any]] = {
             F.scaled_dot_product_attention: self._attention,
             F.dropout: self._dropout,
@@ -107,6 +109,7 @@ class CudaKernels(TorchFunctionMode):
                    scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
         backend = select_sdpa_backend(q.dtype, q.shape[-1], attn_mask is not None, self.gpu, self.sdpa)
         self.backends[backend] = self.backends.get(backend, 0) + 1
+        self.calls.append((backend, self.position()))
         if enable_gqa and k.shape[-3] != q.shape[-3]:  # the fused kernels take equal head counts
             repeat = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)

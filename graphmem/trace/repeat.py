@@ -19,17 +19,15 @@ the whole model.  Knows nothing of reports or the command line.
 
 from __future__ import annotations
 
-import operator
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from graphmem.trace.records import OpRecord, Phase, StorageRecord, SymbolicSizes, Trace
+from graphmem.trace.repeat_graph import placed_graph
 
-__all__ = ["KEEP", "Unrepeatable", "repeat_blocks", "same_trace"]
+__all__ = ["KEEP", "Unrepeatable", "placed_calls", "repeat_blocks", "same_trace"]
 
 KEEP = 4  # blocks recorded: the first, two between (the template and its check), the last
 _SHARED = ("aten._foreach_", "aten._fused_")
@@ -53,6 +51,7 @@ class _Layout:
     ascending: tuple[bool, ...]
     owner: dict[int, tuple[int, Hashable]]
     local: tuple[dict[Hashable, int], ...]
+    ends: frozenset[int]  # the last op of each phase of each iteration
 
 
 def block_of(path: str, prefix: str) -> int | None:
@@ -69,11 +68,6 @@ def _renamed(path: str, prefix: str, source: int, target: int) -> str:
     return f"{prefix}.{target}{path[len(head):]}"
 
 
-def _moved(path: str, prefix: str, source: int, target: int) -> str:
-    """A module path or tensor name seen from block ``source``, seen from block ``target``:
-    a path in block b moves to block b + target - source; other paths stay."""
-    b = block_of(path, prefix)
-    return path if b is None else _renamed(path, prefix, b, b + target - source)
 
 
 def _kinds(trace: Trace, prefix: str) -> list[Any]:
@@ -86,8 +80,10 @@ def _kinds(trace: Trace, prefix: str) -> list[Any]:
     return kinds
 
 
-def _runs(kinds: list[Any]) -> tuple[list[Any], tuple[tuple[tuple[int, int], ...], ...], tuple[bool, ...]]:
-    """Each block op's (block, run, position), each block's runs, each run's order."""
+def _runs(kinds: list[Any], phases: list[tuple[Phase, int]]) -> tuple[list[Any], tuple[tuple[tuple[int, int], ...],
+                                                                                       ...], tuple[bool, ...]]:
+    """Each block op's (block, run, position), each block's runs (of consecutive ops of one
+    phase and iteration), each run's order."""
     runs: list[list[tuple[int, int]]] = [[] for _ in range(KEEP)]
     placed = list(kinds)
     i = 0
@@ -99,14 +95,15 @@ def _runs(kinds: list[Any]) -> tuple[list[Any], tuple[tuple[tuple[int, int], ...
         if not 0 <= b < KEEP:
             raise Unrepeatable(f"an op in block {b} of a stack cut to {KEEP}")
         stop = i
-        while stop < len(kinds) and kinds[stop] == b:
+        while stop < len(kinds) and kinds[stop] == b and phases[stop] == phases[i]:
             placed[stop] = (b, len(runs[b]), stop - i)
             stop += 1
         runs[b].append((i, stop))
         i = stop
-    count = len(runs[0])
+    count = len(runs[0])  # the first and last block may differ from the others (no gradient for the
+    # first block's input when the embeddings are frozen), not the two between
     if any(len(r) != count for r in runs) or any(
-            len({stop - start for start, stop in (runs[b][r] for b in range(KEEP))}) != 1 for r in range(count)):
+            runs[1][r][1] - runs[1][r][0] != runs[2][r][1] - runs[2][r][0] for r in range(count)):
         raise Unrepeatable("the blocks' runs of ops differ")
     ascending = []
     for r in range(count):
@@ -169,9 +166,9 @@ def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Has
 
 
 def _layout(trace: Trace, prefix: str) -> _Layout:
-    kinds = _kinds(trace, prefix)
+    kinds, phases = _kinds(trace, prefix), [(op.phase, op.iteration) for op in trace.ops]
     for _ in range(4):  # what an op made is its block's; an optimizer op is the block of what it reads
-        placed, runs, ascending = _runs(kinds)
+        placed, runs, ascending = _runs(kinds, phases)
         owner = _owners(trace, prefix, placed)
         kinds, before = _by_storages(trace, kinds, owner), kinds
         if kinds == before:
@@ -183,18 +180,80 @@ def _layout(trace: Trace, prefix: str) -> _Layout:
         if lo in local[b]:
             raise Unrepeatable("two storages of a block in the same place")
         local[b][lo] = sid
-    return _Layout(prefix=prefix, kind=tuple(placed), runs=runs, ascending=ascending, owner=owner, local=local)
+    ends = frozenset(i for i in range(len(phases)) if i + 1 == len(phases) or phases[i + 1] != phases[i])
+    return _Layout(prefix=prefix, kind=tuple(placed), runs=runs, ascending=ascending, owner=owner, local=local,
+                   ends=ends)
 
 
 class _Placer:
     """Places the cut trace's blocks for a stack of ``length`` blocks (see the module docstring)."""
 
-    def __init__(self, layout: _Layout, length: int) -> None:
+    def __init__(self, layout: _Layout, length: int, trace: Trace) -> None:
         if length < KEEP:
             raise Unrepeatable(f"a stack of {length} blocks is shorter than the {KEEP} recorded")
+        self._trace_ops = trace.ops
+        self._made = {s.sid: (s.created if s.created >= 0 else None) for s in trace.storages}
+        self._freed = {s.sid: s.released for s in trace.storages}
         self.layout, self.length = layout, length
         self.order = self._order()
         self.index = {at: n for n, at in enumerate(self.order)}
+        # the first and last block may differ from the others: block 0's storages and ops as
+        # block 1's (what block 2 reads where block 1 reads block 0's), block 2's as block 3's
+        self.same: dict[tuple[int, int], dict[Hashable, Hashable]] = {(0, 1): {}, (2, KEEP - 1): {}}
+        self.same_op: dict[tuple[int, int], dict[tuple[int, int], tuple[int, int]]] = {(0, 1): {}, (2, KEEP - 1): {}}
+        self._match_ends()
+
+    def block(self, i: int) -> int:
+        """The recorded block cut op ``i`` is in (-1: outside the stack)."""
+        k = self.layout.kind[i]
+        return int(k[0]) if isinstance(k, tuple) else -1
+
+    def shared(self, i: int) -> bool:
+        return bool(self.layout.kind[i] == "shared")
+
+    def owner_block(self, sid: int) -> int:
+        owned = self.layout.owner.get(sid)
+        return owned[0] if owned else -1
+
+    def _match_ends(self) -> None:
+        """Fill ``same`` and ``same_op`` from block 1's and block 2's ops, side by side."""
+        lay, ops = self.layout, self._trace_ops
+        for (start1, stop1), (start2, _) in zip(lay.runs[1], lay.runs[2], strict=True):
+            for i, j in zip(range(start1, stop1), range(start2, start2 + stop1 - start1), strict=True):
+                if len(ops[i].inputs) != len(ops[j].inputs) or len(ops[i].outputs) != len(ops[j].outputs):
+                    raise Unrepeatable("block 1 and block 2 run different ops")
+                for a, b in zip((*ops[i].inputs, *ops[i].outputs), (*ops[j].inputs, *ops[j].outputs), strict=True):
+                    self._match(a, b)
+        for lo, sid in lay.local[1].items():  # where block 1's storages are made and freed
+            other = lay.local[2].get(lo)
+            if other is not None:
+                for c1, c2 in ((self._made[sid], self._made[other]), (self._freed[sid], self._freed[other])):
+                    self._match_op(c1, c2)
+
+    def _match(self, a: int, b: int) -> None:
+        oa, ob = self.layout.owner.get(a), self.layout.owner.get(b)
+        if oa is None or ob is None or (oa[0], ob[0]) not in self.same:
+            return
+        if self.same[(oa[0], ob[0])].setdefault(oa[1], ob[1]) != ob[1]:
+            raise Unrepeatable("a storage of the first or last block stands for two")
+        self._match_op(self._made[a], self._made[b])
+
+    def _match_op(self, c1: int | None, c2: int | None) -> None:
+        if c1 is None or c2 is None:
+            return
+        k1, k2 = self.layout.kind[c1], self.layout.kind[c2]
+        if isinstance(k1, tuple) and isinstance(k2, tuple) and (k1[0], k2[0]) in self.same_op:
+            if self.same_op[(k1[0], k2[0])].setdefault(k1[1:], k2[1:]) != k2[1:]:
+                raise Unrepeatable("an op of the first or last block stands for two")
+
+    def _as_in(self, b: int, source: int, position: Any, table: str) -> Any:
+        """Block ``b``'s storage id (or op position) as the recorded block ``source`` has it."""
+        if b == source or {b, source} <= {1, 2}:
+            return position
+        found = getattr(self, table).get((b, source), {}).get(position)
+        if found is None:
+            raise Unrepeatable("a block's storage or op has no counterpart in another block")
+        return found
 
     def source(self, t: int) -> int:
         """The recorded block that block ``t`` of the whole stack is placed from."""
@@ -224,12 +283,21 @@ class _Placer:
 
     def target(self, t: int, b: int, s: int) -> int:
         """The block a reference from block ``t`` (placed from ``s``) to recorded block ``b`` means."""
-        if abs(b - s) > 1:
-            raise Unrepeatable("a block reads a block two away")
+        if abs(b - s) > 1:  # the first and the last block may name each other (the first optimizer
+            # update is named after the op before it, the last block's)
+            if {b, s} != {0, KEEP - 1}:
+                raise Unrepeatable("a block reads a block two away")
+            return 0 if b == 0 else self.length - 1
         target = t + b - s
         if not 0 <= target <= self.length - 1:
             raise Unrepeatable("a reference past the ends of the stack")
         return target
+
+    def moved(self, path: str, t: int, s: int) -> str:
+        """A module path or tensor name seen from block ``t`` placed from ``s``: a path in
+        recorded block b is in the block ``target`` gives; other paths stay."""
+        b = block_of(path, self.layout.prefix)
+        return path if b is None else _renamed(path, self.layout.prefix, b, self.target(t, b, s))
 
     def key(self, sid: int, t: int = -1, s: int = -1) -> Key:
         """The whole trace's storage for ``sid`` read by an op of block ``t`` placed from ``s``
@@ -243,6 +311,7 @@ class _Placer:
                 raise Unrepeatable("an op outside the stack reads a block between the first and the last")
             return (0 if b == 0 else self.length - 1, lo)
         target = self.target(t, b, s)
+        lo = self._as_in(b, self.source(target), lo, "same")
         if lo not in self.layout.local[self.source(target)]:
             raise Unrepeatable("a block's storage has no counterpart in another block")
         return (target, lo)
@@ -280,10 +349,16 @@ class _Placer:
         if not isinstance(k, tuple):
             return self.index[(-1, c)]
         b, r, p = k
+        if t >= 0 and abs(b - s) > 1 and c in self.layout.ends and b in (0, KEEP - 1):
+            t = s = -1  # freed when a phase ends (zero_grad after the last update): at the same end
         target = self.target(t, b, s) if t >= 0 else (0 if b == 0 else self.length - 1 if b == KEEP - 1 else -1)
         if target < 0:
             raise Unrepeatable("a storage outside the stack is made or freed in a block between the ends")
-        return self.index[(target, self.layout.runs[self.source(target)][r][0] + p)]
+        r, p = self._as_in(b, self.source(target), (r, p), "same_op")
+        start, stop = self.layout.runs[self.source(target)][r]
+        if p >= stop - start:
+            raise Unrepeatable("a block's op has no counterpart in the first or the last block")
+        return self.index[(target, start + p)]
 
 
 def _placed_op(placer: _Placer, trace: Trace, t: int, i: int) -> tuple[OpRecord, list[Key], list[Key]]:
@@ -291,7 +366,7 @@ def _placed_op(placer: _Placer, trace: Trace, t: int, i: int) -> tuple[OpRecord,
     op, lay = trace.ops[i], placer.layout
     if t >= 0:
         s = lay.kind[i][0]
-        return (replace(op, module=_moved(op.module, lay.prefix, s, t)),
+        return (replace(op, module=placer.moved(op.module, t, s)),
                 [placer.key(sid, t, s) for sid in op.inputs], [placer.key(sid, t, s) for sid in op.outputs])
     b = block_of(op.module, lay.prefix)  # an op outside may be named after the op before it
     if b in (1, 2):
@@ -316,7 +391,7 @@ def _storage_of(placer: _Placer, trace: Trace, key: Key) -> tuple[int, StorageRe
     rec = trace.storages[sid]
     created = -1 if rec.created < 0 else placer.at(rec.created, t, s)
     released = None if rec.released is None else placer.at(rec.released, t, s)
-    label = rec.label if t < 0 else _moved(rec.label, placer.layout.prefix, s, t)
+    label = rec.label if t < 0 else placer.moved(rec.label, t, s)
     return sid, replace(rec, created=created, released=released, label=label)
 
 
@@ -330,14 +405,15 @@ def _keys(placer: _Placer, trace: Trace) -> list[Key]:
     return keys
 
 
-def repeat_blocks(trace: Trace, prefix: str, length: int) -> Trace:
+def repeat_blocks(trace: Trace, prefix: str, length: int, *, graph: bool = True) -> Trace:
     """The trace of the whole model with a stack of ``length`` blocks at ``prefix``, from
-    ``trace``, its recording cut to KEEP blocks (see the module docstring).
+    ``trace``, its recording cut to KEEP blocks (see the module docstring).  ``graph``:
+    False keeps the cut trace's fx graph and node names (for the check, which compares no graph).
 
     Raises:
         Unrepeatable: the cut recording does not repeat by offset.
     """
-    placer = _Placer(_layout(trace, prefix), length)
+    placer = _Placer(_layout(trace, prefix), length, trace)
     placed = [_placed_op(placer, trace, t, i) for t, i in placer.order]
     records = {key: _storage_of(placer, trace, key) for key in _keys(placer, trace)}
     first = placer.expand([s.sid for s in trace.storages if s.created < 0])
@@ -352,11 +428,12 @@ def repeat_blocks(trace: Trace, prefix: str, length: int) -> Trace:
     sid_of = {key: n for n, key in enumerate([*first, *rest])}
     if len(sid_of) != len(records):
         raise Unrepeatable("storages placed twice or not at all")
-    ops = tuple(replace(op, index=n, node=f"{op.node}_{t}" if t >= 0 else op.node,
-                        inputs=tuple(sid_of[k] for k in ins), outputs=tuple(sid_of[k] for k in outs))
-                for n, ((op, ins, outs), (t, _)) in enumerate(zip(placed, placer.order, strict=True)))
+    fx, names = placed_graph(trace, [(key, records[key][0], records[key][1].label) for key in first], placer) \
+        if graph else (trace.graph, [op.node for op, _, _ in placed])
+    ops = tuple(replace(op, index=n, node=names[n], inputs=tuple(sid_of[k] for k in ins),
+                        outputs=tuple(sid_of[k] for k in outs)) for n, (op, ins, outs) in enumerate(placed))
     storages = tuple(replace(records[key][1], sid=n) for n, key in enumerate([*first, *rest]))
-    return replace(trace, ops=ops, storages=storages,
+    return replace(trace, graph=fx, ops=ops, storages=storages,
                    sizes=_sizes(trace.sizes, placer, {n: records[key][0] for key, n in sid_of.items()}))
 
 
@@ -372,3 +449,12 @@ def same_trace(a: Trace, b: Trace) -> bool:
     """Whether two traces record the same step: ops (but their graph node names), storages, sizes."""
     strip = lambda t: tuple(replace(op, node="") for op in t.ops)
     return strip(a) == strip(b) and a.storages == b.storages and a.sizes == b.sizes
+
+
+def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int]) -> list[int]:
+    """How many times the whole model makes each call the cut recording made before the op at
+    each of ``positions`` (a kernel choice): once outside the stack and in the first and last
+    block, ``length - 2`` times in block 1, never in block 2 (block 1's copies stand for it)."""
+    placer = _Placer(_layout(trace, prefix), length, trace)
+    times = {0: 1, 1: length - 2, 2: 0, KEEP - 1: 1}
+    return [times[placer.block(p)] if 0 <= p < len(trace.ops) and placer.block(p) >= 0 else 1 for p in positions]

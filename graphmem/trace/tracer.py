@@ -113,6 +113,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     step = step or StepConfig()
     recorder = Recorder(rules or rules_for(device))
+    if cuda is not None:
+        cuda.position = lambda: len(recorder.ops)
     fake_mode = symbolic_fake_mode() if symbol is not None else recording_fake_mode()
     size = size_symbol(fake_mode, symbol[0], symbol[1]) if symbol is not None else None
     target = torch.device("cpu" if cuda is not None else device)

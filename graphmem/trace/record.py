@@ -1,0 +1,62 @@
+"""Recording a step, with a model's repeated blocks recorded once.
+
+Input: what graphmem.trace.tracer.trace_step takes.  Output: its ``Trace``.  A model with a
+stack of alike blocks (graphmem.trace.blocks) is recorded cut to its first four blocks and
+the others are placed by offset (graphmem.trace.repeat); the cut recording checks itself
+first, and any model it does not fit, any parallel or generation step, and any recording
+that fails cut is recorded whole.  ``GRAPHMEM_REPEATED_BLOCKS=0`` always records whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from graphmem import progress
+from graphmem.job.spec import InputSpec
+from graphmem.trace.blocks import cut_to, find_stack
+from graphmem.trace.cuda_kernels import CudaKernels
+from graphmem.trace.records import Trace
+from graphmem.trace.repeat import KEEP, placed_calls, repeat_blocks, same_trace
+from graphmem.trace.tracer import trace_step
+
+__all__ = ["record_step"]
+
+
+def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train", **keywords: Any) -> Trace:
+    """trace_step's Trace, recording a stack of alike blocks once where that gives the same trace."""
+    stack = None
+    if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") != "0" and mode in ("inference", "train") \
+            and keywords.get("parallel") is None:
+        stack = find_stack(model)
+    if stack is None:
+        return trace_step(model, inputs, mode=mode, **keywords)
+    progress.show(f"recording {KEEP} of the {stack.length} alike blocks of {stack.path or 'the model'}")
+    kernels: CudaKernels | None = keywords.get("cuda")
+    try:
+        with cut_to(stack, KEEP):
+            cut = trace_step(model, inputs, mode=mode, **keywords)
+        if same_trace(repeat_blocks(cut, stack.path, KEEP, graph=False), cut):
+            whole = repeat_blocks(cut, stack.path, stack.length)
+            if kernels is not None:
+                _count_placed_calls(kernels, cut, stack.path, stack.length)
+            return whole
+    except Exception:  # Unrepeatable, or the cut model fails where the whole may not (blocks indexed by number)
+        pass
+    if kernels is not None:
+        kernels.backends.clear()
+        kernels.calls.clear()
+    progress.show(f"recording all {stack.length} blocks of {stack.path or 'the model'}")
+    return trace_step(model, inputs, mode=mode, **keywords)
+
+
+def _count_placed_calls(kernels: CudaKernels, cut: Trace, prefix: str, length: int) -> None:
+    """The attention kernels chosen, counted as the whole model calls them."""
+    times = placed_calls(cut, prefix, length, [position for _, position in kernels.calls])
+    kernels.backends.clear()
+    for (backend, _), n in zip(kernels.calls, times, strict=True):
+        if n:
+            kernels.backends[backend] = kernels.backends.get(backend, 0) + n

@@ -1,0 +1,201 @@
+"""Repeated blocks recorded once (graphmem.trace.repeat) give the recording of the whole
+model, op for op, storage for storage, node for node, and the same report to the byte; models
+whose blocks do not repeat fall back to the whole recording."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import graphmem
+import graphmem.trace.record as record
+from graphmem.trace.blocks import find_stack
+from graphmem.trace.repeat import KEEP, same_trace
+
+T = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+
+LAYERS = 6
+SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4)
+IDS = "input_ids=2x16:int64"
+
+
+def _hf(cls_name: str, config_name: str, **config: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        return getattr(T, cls_name)(getattr(T, config_name)(**config))
+    return build
+
+
+LLAMA = _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2, **SMALL)
+CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any]]] = [
+    ("llama adamw", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+    ("llama adamw foreach", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", optimizer_impl="foreach")),
+    ("llama adam fused", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adam", optimizer_impl="fused")),
+    ("llama sgd", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="sgd")),
+    ("llama inference", LLAMA, [IDS], dict(mode="inference")),
+    ("llama checkpointed", LLAMA, [IDS, "labels=2x16:int64"],
+     dict(optimizer="adamw", checkpoint=["LlamaDecoderLayer"])),
+    ("llama bf16 autocast", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", amp="bf16")),
+    ("llama bf16 weights", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", dtype="bf16")),
+    ("llama on an H100", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", device="cuda", gpu="h100-80gb")),
+    ("llama lora", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", lora="r=4,alpha=8,target=q_proj,v_proj")),
+    ("gpt2", _hf("GPT2LMHeadModel", "GPT2Config", vocab_size=256, n_embd=64, n_layer=LAYERS, n_head=4, n_positions=64,
+                 bos_token_id=0, eos_token_id=0), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+    ("bert", _hf("BertForSequenceClassification", "BertConfig", **SMALL),
+     [IDS, "attention_mask=2x16:int64", "labels=2:int64"], dict(optimizer="adamw")),
+    ("vit", _hf("ViTForImageClassification", "ViTConfig", hidden_size=64, num_hidden_layers=LAYERS,
+                num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8, num_labels=10),
+     ["pixel_values=2x3x32x32", "labels=2:int64"], dict(optimizer="adamw")),
+    ("mixtral", _hf("MixtralForCausalLM", "MixtralConfig", num_key_value_heads=2, num_local_experts=4,
+                    num_experts_per_tok=2, **SMALL), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+    ("resnet-style stage", lambda: ResNetStage(), ["2x16x8x8"], dict(optimizer="sgd")),
+    ("torch transformer encoder", lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128,
+                                                                                           batch_first=True), LAYERS),
+     ["2x16x64"], dict(optimizer="adamw")),
+]
+
+
+class _Bottleneck(nn.Module):
+    def __init__(self, width: int, downsample: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(width // 2 if downsample else width, width, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.down = nn.Conv2d(width // 2, width, 1, bias=False) if downsample else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)) + (self.down(x) if self.down is not None else x))
+
+
+class ResNetStage(nn.Module):
+    """A stage whose first block differs (it widens and downsamples), then alike blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stage = nn.Sequential(_Bottleneck(32, True), *[_Bottleneck(32, False) for _ in range(LAYERS)])
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stage(x).mean((2, 3)))
+
+
+def _analyses(monkeypatch: pytest.MonkeyPatch, build: Callable[[], nn.Module], inputs: list[str],
+              keywords: dict[str, Any]) -> tuple[Any, Any, int]:
+    """(the report with repeated blocks, the report recording every block, traces placed)."""
+    placed = []
+    repeat = record.repeat_blocks
+
+    def spy(trace: Any, prefix: str, length: int, **kw: Any) -> Any:
+        if length != KEEP:
+            placed.append(length)
+        return repeat(trace, prefix, length, **kw)
+    monkeypatch.setattr(record, "repeat_blocks", spy)
+    keywords = {"mode": "train", **keywords}
+    monkeypatch.setenv("GRAPHMEM_REPEATED_BLOCKS", "1")
+    fast = graphmem.analyze(build, inputs, **keywords)
+    monkeypatch.setenv("GRAPHMEM_REPEATED_BLOCKS", "0")
+    whole = graphmem.analyze(build, inputs, **keywords)
+    return fast, whole, len(placed)
+
+
+def _graph(trace: Any) -> list[tuple[str, ...]]:
+    return [(n.name, n.op, str(n.target), str(torch.fx.node.map_arg((n.args, n.kwargs), lambda x: x.name)),
+             str(n.meta.get("graphmem"))) for n in trace.graph.nodes]
+
+
+def _same_reports(fast: Any, whole: Any) -> None:
+    for a, b in ((fast.inference, whole.inference), (fast.train, whole.train)):
+        assert (a is None) == (b is None)
+        if a is None:
+            continue
+        assert same_trace(a.trace, b.trace)
+        assert [op.node for op in a.trace.ops] == [op.node for op in b.trace.ops]
+        assert _graph(a.trace) == _graph(b.trace)
+        assert replace(a, trace=None) == replace(b, trace=None)
+
+
+@pytest.mark.parametrize("name, build, inputs, keywords", CASES, ids=[c[0] for c in CASES])
+def test_repeated_blocks_give_the_whole_recording(monkeypatch: pytest.MonkeyPatch, name: str, build: Any,
+                                                  inputs: list[str], keywords: dict[str, Any]) -> None:
+    fast, whole, placed = _analyses(monkeypatch, build, inputs, keywords)
+    assert placed, "the blocks were recorded whole: the placed trace was not used"
+    _same_reports(fast, whole)
+
+
+def test_the_curve_of_sizes_is_placed_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recording with the batch as a size symbol keeps each placed storage's formula."""
+    curves = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("GRAPHMEM_REPEATED_BLOCKS", flag)
+        curve = graphmem.analyze_curve(LLAMA, ["input_ids=Bx16:int64", "labels=Bx16:int64"], mode="train",
+                                       optimizer="adamw")
+        curves.append([curve.at(b).train.peak_bytes for b in (2, 3, 8)])
+    assert curves[0] == curves[1]
+
+
+class _ByParity(nn.Module):
+    """Alike blocks whose ops differ with their position: odd blocks run one more op."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear(x)
+        return torch.relu(x) * 2 if self.index % 2 else torch.relu(x)
+
+
+class ParityStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_ByParity(i) for i in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Summed(nn.Module):
+    """Every block's output is kept and summed at the end: an op outside the stack reads them all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for block in self.blocks:
+            x = block(x)
+            outs.append(x)
+        return torch.stack(outs).sum(0)
+
+
+T5 = _hf("T5ForConditionalGeneration", "T5Config", vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=LAYERS,
+         num_heads=4, decoder_start_token_id=0)
+WHOLE = [(ParityStack, ["4x32"]), (Summed, ["4x32"]), (T5, [IDS, "labels=2x8:int64"])]
+
+
+@pytest.mark.parametrize("build, inputs", WHOLE, ids=["ops differ by parity", "outputs summed",
+                                                      "t5: every block reads the first block's position bias"])
+def test_blocks_that_do_not_repeat_are_recorded_whole(monkeypatch: pytest.MonkeyPatch, build: Any,
+                                                      inputs: list[str]) -> None:
+    assert find_stack(build()) is not None, "the stack looks alike: only the recording's own check can tell"
+    fast, whole, placed = _analyses(monkeypatch, build, inputs, dict(optimizer="adamw"))
+    assert not placed
+    _same_reports(fast, whole)
+
+
+def test_stacks_that_are_not_alike_are_not_found() -> None:
+    shared = nn.Linear(8, 8)
+    assert find_stack(nn.Sequential(*[shared] * 8)) is None  # one block run eight times
+    assert find_stack(nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])) is None  # too short to gain
+    assert find_stack(nn.Sequential(*[nn.Linear(8, 8 if i != 3 else 9) for i in range(8)])) is None
+    mixed = nn.Sequential(*[nn.Dropout(0.1 if i % 3 else 0.2) for i in range(8)])
+    assert find_stack(mixed) is None  # a plain attribute differs (a sliding-window size, a rate)
+    stack = find_stack(nn.Sequential(nn.Linear(8, 8), nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])))
+    assert stack is not None and stack.path == "1" and stack.length == 6
