@@ -286,7 +286,7 @@ def without_graphs(report: MemoryReport) -> MemoryReport:
     graph does not pickle)."""
     def strip(mode: ModeReport) -> ModeReport:
         ranks = tuple(replace(r, report=strip(r.report)) for r in mode.ranks)
-        return replace(mode, trace=replace(mode.trace, graph=torch.fx.Graph()), ranks=ranks)
+        return replace(mode, trace=replace(mode.trace, fx=torch.fx.Graph()), ranks=ranks)
 
     def maybe(mode: ModeReport | None) -> ModeReport | None:
         return strip(mode) if mode is not None else None

@@ -386,7 +386,7 @@ class Recorder(TorchDispatchMode):
         if func.namespace in _COLLECTIVES:
             for sid in out_sids:
                 self.storages[sid].roles.add(Role.COMMUNICATION)
-        node = self._add_node(func, args, kwargs, out)
+        self._add_node(func, args, kwargs, out)
         recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
         if index % _PROGRESS_EVERY == 0 and progress.active():
             progress.show(f"recording: iteration {self.iteration + 1}, {self.phase.value}, {index:,} ops")
@@ -394,7 +394,7 @@ class Recorder(TorchDispatchMode):
         if isinstance(scratch, torch.SymInt) or isinstance(flops, torch.SymInt):
             self.op_sizes[index] = (expr_of(scratch), expr_of(flops))
             scratch, flops = hint_of(scratch), hint_of(flops)
-        self.ops.append(OpRecord(index=index, op=str(func), node=node.name, phase=self.phase,
+        self.ops.append(OpRecord(index=index, op=str(func), phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
                                  outputs=out_sids, scratch_bytes=scratch, flops=flops, recompute=recompute))
         return out

@@ -6,7 +6,7 @@ named ``*_bytes``; positions are int op indices ("steps").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum, unique
 from typing import Any
@@ -49,8 +49,7 @@ class OpRecord:
     """One dispatched aten op, in execution order."""
 
     index: int
-    op: str
-    node: str
+    op: str  # its graph node: the one whose meta["graphmem"]["op_index"] is ``index``
     phase: Phase
     iteration: int
     module: str
@@ -116,7 +115,9 @@ class Trace:
     """Stage 2's output: the recorded fx graph, its ops and its storages."""
 
     mode: str
-    graph: torch.fx.Graph
+    # the fx graph, or what builds it when first asked for (a trace whose blocks were placed by
+    # offset, graphmem.trace.repeat: only the DOT output reads it); read it as ``graph``
+    fx: torch.fx.Graph | Callable[[], torch.fx.Graph]
     ops: tuple[OpRecord, ...]
     storages: tuple[StorageRecord, ...]
     optimizer: str | None
@@ -124,3 +125,11 @@ class Trace:
     kv_cache_bytes: int = 0  # generation: the KV cache at the end
     # recorded with a size as a symbol: the sizes as expressions (graphmem.trace.symbolic)
     sizes: SymbolicSizes | None = None
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        """The recorded fx graph (built now, once, where it was left to be built)."""
+        if not isinstance(self.fx, torch.fx.Graph):
+            object.__setattr__(self, "fx", self.fx())  # a cache: the graph is the same either way
+        assert isinstance(self.fx, torch.fx.Graph)
+        return self.fx

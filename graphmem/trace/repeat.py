@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from graphmem.trace.records import OpRecord, Phase, StorageRecord, SymbolicSizes, Trace
@@ -408,7 +409,7 @@ def _keys(placer: _Placer, trace: Trace) -> list[Key]:
 def repeat_blocks(trace: Trace, prefix: str, length: int, *, graph: bool = True) -> Trace:
     """The trace of the whole model with a stack of ``length`` blocks at ``prefix``, from
     ``trace``, its recording cut to KEEP blocks (see the module docstring).  ``graph``:
-    False keeps the cut trace's fx graph and node names (for the check, which compares no graph).
+    False keeps the cut trace's fx graph (for the check, which compares no graph).
 
     Raises:
         Unrepeatable: the cut recording does not repeat by offset.
@@ -428,12 +429,13 @@ def repeat_blocks(trace: Trace, prefix: str, length: int, *, graph: bool = True)
     sid_of = {key: n for n, key in enumerate([*first, *rest])}
     if len(sid_of) != len(records):
         raise Unrepeatable("storages placed twice or not at all")
-    fx, names = placed_graph(trace, [(key, records[key][0], records[key][1].label) for key in first], placer) \
-        if graph else (trace.graph, [op.node for op, _, _ in placed])
-    ops = tuple(replace(op, index=n, node=names[n], inputs=tuple(sid_of[k] for k in ins),
+    ops = tuple(replace(op, index=n, inputs=tuple(sid_of[k] for k in ins),
                         outputs=tuple(sid_of[k] for k in outs)) for n, (op, ins, outs) in enumerate(placed))
+    fx: Any = trace.fx
+    if graph:  # built when first asked for
+        fx = partial(placed_graph, trace, [(key, records[key][0], records[key][1].label) for key in first], placer)
     storages = tuple(replace(records[key][1], sid=n) for n, key in enumerate([*first, *rest]))
-    return replace(trace, graph=fx, ops=ops, storages=storages,
+    return replace(trace, fx=fx, ops=ops, storages=storages,
                    sizes=_sizes(trace.sizes, placer, {n: records[key][0] for key, n in sid_of.items()}))
 
 
@@ -446,9 +448,8 @@ def _sizes(sizes: SymbolicSizes | None, placer: _Placer, source: dict[int, int])
 
 
 def same_trace(a: Trace, b: Trace) -> bool:
-    """Whether two traces record the same step: ops (but their graph node names), storages, sizes."""
-    strip = lambda t: tuple(replace(op, node="") for op in t.ops)
-    return strip(a) == strip(b) and a.storages == b.storages and a.sizes == b.sizes
+    """Whether two traces record the same step: ops, storages, sizes (not the fx graph)."""
+    return a.ops == b.ops and a.storages == b.storages and a.sizes == b.sizes
 
 
 def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int]) -> list[int]:

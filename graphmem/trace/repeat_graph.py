@@ -117,9 +117,8 @@ class _Copier:
         return tuple(one(a) for a in source.args), {k: one(a) for k, a in source.kwargs.items()}
 
 
-def placed_graph(trace: Trace, placeholders: Sequence[tuple[Key, int, str]], placer: Any) -> tuple[torch.fx.Graph,
-                                                                                                  list[str]]:
-    """The whole step's graph and each op's node name.
+def placed_graph(trace: Trace, placeholders: Sequence[tuple[Key, int, str]], placer: Any) -> torch.fx.Graph:
+    """The whole step's graph.
 
     Args:
         trace: the cut recording.
@@ -134,7 +133,6 @@ def placed_graph(trace: Trace, placeholders: Sequence[tuple[Key, int, str]], pla
     for k, sid, label in placeholders:
         if sid in with_nodes:
             copier.inputs[k] = copier.graph.placeholder(label.replace(".", "_"))
-    names: list[str] = []
     for n, (t, i) in enumerate(placer.order):
         s, source = placer.block(i), copier.op_node[i]
         target: Any = source.target
@@ -148,9 +146,7 @@ def placed_graph(trace: Trace, placeholders: Sequence[tuple[Key, int, str]], pla
         if placer.shared(i) and copier.items[source]:
             for position, k in enumerate(placer.expand(trace.ops[i].outputs)):
                 copier.shared_items[(n, k)] = copier.graph.call_function(operator.getitem, (copy, position))
-            names.append(copy.name)
             continue
         for position, item in enumerate(copier.items[source]):
             copier.made[(n, position)] = copier.graph.call_function(operator.getitem, (copy, item.args[1]))
-        names.append(copy.name)
-    return copier.graph, names
+    return copier.graph

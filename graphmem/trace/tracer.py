@@ -167,7 +167,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         sizes = SymbolicSizes(name=symbol[0], symbol=expr_of(size), hint=symbol[1],
                               storages={s.sid: s.sizes for s in recorder.storages if s.sizes is not None},
                               ops=dict(recorder.op_sizes), guards=shape_guards(fake_mode))
-    return Trace(mode=mode, graph=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
+    return Trace(mode=mode, fx=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=step.optimizer if mode == "train" else None, assumptions=tuple(notes),
                  kv_cache_bytes=kv_bytes, sizes=sizes)
 

@@ -38,7 +38,7 @@ def _symbolic(spec: str, symbol: str = "B", position: int = 0) -> str:
 def _memory_fields(op: OpRecord) -> OpRecord:
     """An op without its name: where sizes are symbols, a view can be named otherwise (a full
     slice stays ``slice`` rather than ``alias``) with the same storages."""
-    return replace(op, op="", node="")
+    return replace(op, op="")
 
 
 def _assert_same(report: graphmem.MemoryReport, recorded: graphmem.MemoryReport) -> None:

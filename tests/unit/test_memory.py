@@ -11,7 +11,7 @@ from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
 
 
 def _op(i: int, phase: Phase, scratch: int = 0) -> OpRecord:
-    return OpRecord(index=i, op=f"aten.op{i}", node=f"n{i}", phase=phase, iteration=0, module="m",
+    return OpRecord(index=i, op=f"aten.op{i}", phase=phase, iteration=0, module="m",
                     inputs=(), outputs=(), scratch_bytes=scratch)
 
 

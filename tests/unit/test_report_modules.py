@@ -110,7 +110,7 @@ def test_category_timelines_sum_to_the_timeline(report: MemoryReport) -> None:
 
 
 def _op(i: int, phase: Phase, iteration: int) -> OpRecord:
-    return OpRecord(index=i, op="aten.x", node=f"n{i}", phase=phase, iteration=iteration, module="",
+    return OpRecord(index=i, op="aten.x", phase=phase, iteration=iteration, module="",
                     inputs=(), outputs=(), scratch_bytes=0)
 
 

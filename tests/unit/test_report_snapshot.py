@@ -92,7 +92,7 @@ def test_frames_name_the_op_module_and_phase() -> None:
 
 
 def _hand_trace() -> Trace:
-    op = lambda i, phase, scratch=0: OpRecord(index=i, op=f"aten.op{i}", node=f"n{i}", phase=phase,
+    op = lambda i, phase, scratch=0: OpRecord(index=i, op=f"aten.op{i}", phase=phase,
                                               iteration=0, module="m", inputs=(), outputs=(), scratch_bytes=scratch)
     store = lambda sid, n, c, r, *roles: StorageRecord(sid=sid, nbytes=n, created=c, released=r,
                                                        roles=frozenset(roles), label="", shape=(), dtype="float32")
