@@ -3,8 +3,8 @@
 Input: what graphmem.trace.tracer.trace_step takes.  Output: its ``Trace``.  A model with a
 stack of alike blocks (graphmem.trace.blocks) is recorded cut to its first four blocks and
 the others are placed by offset (graphmem.trace.repeat); the cut recording checks itself
-first, and any model it does not fit, any parallel or generation step, and any recording
-that fails cut is recorded whole.  ``GRAPHMEM_REPEATED_BLOCKS=0`` always records whole.
+first, and any model it does not fit, a generation step, a parallel step other than FSDP's,
+and any recording that fails cut is recorded whole.  ``GRAPHMEM_REPEATED_BLOCKS=0`` always records whole.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from graphmem import progress
+from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
 from graphmem.trace.blocks import cut_to, find_stack
 from graphmem.trace.cuda_kernels import CudaKernels
@@ -30,7 +31,7 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
     """trace_step's Trace, recording a stack of alike blocks once where that gives the same trace."""
     stack = None
     if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") != "0" and mode in ("inference", "train") \
-            and keywords.get("parallel") is None:
+            and _per_block(keywords.get("parallel")):
         stack = find_stack(model)
     if stack is None:
         return trace_step(model, inputs, mode=mode, **keywords)
@@ -60,3 +61,10 @@ def _count_placed_calls(kernels: CudaKernels, cut: Trace, prefix: str, length: i
     for (backend, _), n in zip(kernels.calls, times, strict=True):
         if n:
             kernels.backends[backend] = kernels.backends.get(backend, 0) + n
+
+
+def _per_block(parallel: ParallelSpec | None) -> bool:
+    """Whether the parallel engine treats each block alone: FSDP2 shards each block's own
+    parameters.  DDP's gradient buckets and ZeRO's partition of the optimizer state span the
+    whole model, tensor and pipeline parallelism cut it otherwise: those are recorded whole."""
+    return parallel is None or ({name for name, _ in parallel.degrees} == {"fsdp"} and parallel.parallelize is None)

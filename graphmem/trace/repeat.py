@@ -72,12 +72,24 @@ def _renamed(path: str, prefix: str, source: int, target: int) -> str:
 
 
 def _kinds(trace: Trace, prefix: str) -> list[Any]:
+    """Each op's block by its module (None outside the stack), "shared" for multi-tensor
+    optimizer ops.  Ops named after no module between two ops of one block, in one phase, are
+    that block's (FSDP2 detaches each gradient in a hook autograd runs for no module)."""
     kinds: list[Any] = []
     for op in trace.ops:
         if op.phase == Phase.OPTIMIZER and op.op.startswith(_SHARED):
             kinds.append("shared")
         else:
             kinds.append(block_of(op.module, prefix))
+    i = 0
+    while i < len(kinds):
+        stop = i
+        while stop < len(kinds) and kinds[stop] is None and not trace.ops[stop].module:
+            stop += 1
+        if stop > i and 0 < i and stop < len(kinds) and isinstance(kinds[i - 1], int) and \
+                kinds[i - 1] == kinds[stop] and len({(o.phase, o.iteration) for o in trace.ops[i - 1:stop + 1]}) == 1:
+            kinds[i:stop] = [kinds[stop]] * (stop - i)
+        i = stop + 1 if stop > i else i + 1
     return kinds
 
 

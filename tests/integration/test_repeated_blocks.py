@@ -198,3 +198,23 @@ def test_stacks_that_are_not_alike_are_not_found() -> None:
     assert find_stack(mixed) is None  # a plain attribute differs (a sliding-window size, a rate)
     stack = find_stack(nn.Sequential(nn.Linear(8, 8), nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])))
     assert stack is not None and stack.path == "1" and stack.length == 6
+
+
+@pytest.mark.parametrize("parallel", ["fsdp=2", "fsdp=4"])
+def test_sharded_blocks_are_placed_too(monkeypatch: pytest.MonkeyPatch, parallel: str) -> None:
+    """FSDP2 shards each block's own parameters: every rank's recording is placed by offset."""
+    fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
+                                    dict(optimizer="adamw", parallel=parallel))
+    assert placed
+    for a, b in ((fast.train, whole.train),):
+        assert [r.rank for r in a.ranks] == [r.rank for r in b.ranks]
+        for x, y in zip(a.ranks, b.ranks, strict=True):
+            assert same_trace(x.report.trace, y.report.trace)
+            assert replace(x.report, trace=None) == replace(y.report, trace=None)
+
+
+def test_ddp_is_recorded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP's gradient buckets span the whole model: no block stands for another."""
+    fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
+                                    dict(optimizer="adamw", parallel="ddp=2"))
+    assert not placed and fast.train.peak_bytes == whole.train.peak_bytes
