@@ -137,3 +137,7 @@ def cut_to(stack: Stack, keep: int) -> Iterator[None]:
         yield
     finally:
         container._modules = saved
+        kept = list(saved.values())[keep - 1]
+        for block in list(saved.values())[keep:]:  # as model.train()/eval() in the recording left the kept
+            if block is not None and kept is not None:
+                block.train(kept.training)

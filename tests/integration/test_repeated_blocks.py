@@ -218,3 +218,12 @@ def test_ddp_is_recorded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
                                     dict(optimizer="adamw", parallel="ddp=2"))
     assert not placed and fast.train.peak_bytes == whole.train.peak_bytes
+
+
+def test_a_cut_recording_leaves_every_block_in_the_same_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inference (eval) cut to four blocks, then training of the same built model: the blocks the
+    cut left out are put in eval mode too, so the stack is still found alike and both are placed."""
+    fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
+                                    dict(mode="both", optimizer="adamw"))
+    assert placed == 2
+    _same_reports(fast, whole)
