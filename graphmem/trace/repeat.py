@@ -57,16 +57,16 @@ class _Layout:
 
 def block_of(path: str, prefix: str) -> int | None:
     """The block a module path (or a tensor name) lies in: 2 for ``prefix.2.mlp``."""
-    if not path.startswith(prefix + "."):
+    if prefix and not path.startswith(prefix + "."):
         return None
-    head = path[len(prefix) + 1:].split(".", 1)[0]
+    head = (path[len(prefix) + 1:] if prefix else path).split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
 
 def _renamed(path: str, prefix: str, source: int, target: int) -> str:
     """``path`` in block ``source`` renamed into block ``target``."""
-    head = f"{prefix}.{source}"
-    return f"{prefix}.{target}{path[len(head):]}"
+    head = f"{prefix}.{source}" if prefix else str(source)
+    return f"{prefix}.{target}{path[len(head):]}" if prefix else f"{target}{path[len(head):]}"
 
 
 
@@ -113,6 +113,8 @@ def _runs(kinds: list[Any], phases: list[tuple[Phase, int]]) -> tuple[list[Any],
             stop += 1
         runs[b].append((i, stop))
         i = stop
+    if not runs[1]:
+        raise Unrepeatable("no op ran in the blocks")
     count = len(runs[0])  # the first and last block may differ from the others (no gradient for the
     # first block's input when the embeddings are frozen), not the two between
     if any(len(r) != count for r in runs) or any(

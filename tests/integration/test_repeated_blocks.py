@@ -52,6 +52,8 @@ CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any]]] = [
      ["pixel_values=2x3x32x32", "labels=2:int64"], dict(optimizer="adamw")),
     ("mixtral", _hf("MixtralForCausalLM", "MixtralConfig", num_key_value_heads=2, num_local_experts=4,
                     num_experts_per_tok=2, **SMALL), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+    ("the model itself a Sequential", lambda: nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.GELU())
+                                                              for _ in range(8)]), ["4x32"], dict(optimizer="adam")),
     ("resnet-style stage", lambda: ResNetStage(), ["2x16x8x8"], dict(optimizer="sgd")),
     ("torch transformer encoder", lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128,
                                                                                            batch_first=True), LAYERS),
