@@ -18,7 +18,8 @@ from torch import nn
 from graphmem import progress
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
-from graphmem.trace.blocks import cut_to, find_stack
+from graphmem.job.step import StepConfig
+from graphmem.trace.blocks import Stack, cut_to, find_stack
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.records import Trace
 from graphmem.trace.repeat import KEEP, placed_calls, repeat_blocks, same_trace
@@ -33,17 +34,20 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
     if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") != "0" and mode in ("inference", "train") \
             and _per_block(keywords.get("parallel")):
         stack = find_stack(model)
-    if stack is None:
+    step: StepConfig | None = keywords.get("step")
+    # checkpointing every k-th block makes k blocks the unit that repeats
+    period = step.checkpoint_every if step is not None and step.checkpoint and mode == "train" else 1
+    if stack is None or stack.length % period or stack.length <= KEEP * period:
         return trace_step(model, inputs, mode=mode, **keywords)
-    progress.show(f"recording {KEEP} of the {stack.length} alike blocks of {stack.path or 'the model'}")
+    progress.show(f"recording {KEEP * period} of the {stack.length} alike blocks of {stack.path or 'the model'}")
     kernels: CudaKernels | None = keywords.get("cuda")
     try:
-        with cut_to(stack, KEEP):
+        with cut_to(stack, KEEP * period):
             cut = trace_step(model, inputs, mode=mode, **keywords)
-        if same_trace(repeat_blocks(cut, stack.path, KEEP, graph=False), cut):
-            whole = repeat_blocks(cut, stack.path, stack.length)
+        if same_trace(repeat_blocks(cut, stack.path, KEEP * period, period=period, graph=False), cut):
+            whole = repeat_blocks(cut, stack.path, stack.length, period=period)
             if kernels is not None:
-                _count_placed_calls(kernels, cut, stack.path, stack.length)
+                _count_placed_calls(kernels, cut, stack, period)
             return whole
     except Exception:  # Unrepeatable, or the cut model fails where the whole may not (blocks indexed by number)
         pass
@@ -54,9 +58,9 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
     return trace_step(model, inputs, mode=mode, **keywords)
 
 
-def _count_placed_calls(kernels: CudaKernels, cut: Trace, prefix: str, length: int) -> None:
+def _count_placed_calls(kernels: CudaKernels, cut: Trace, stack: Stack, period: int) -> None:
     """The attention kernels chosen, counted as the whole model calls them."""
-    times = placed_calls(cut, prefix, length, [position for _, position in kernels.calls])
+    times = placed_calls(cut, stack.path, stack.length, [position for _, position in kernels.calls], period)
     kernels.backends.clear()
     for (backend, _), n in zip(kernels.calls, times, strict=True):
         if n:

@@ -28,7 +28,7 @@ from typing import Any
 from graphmem.trace.records import OpRecord, Phase, StorageRecord, SymbolicSizes, Trace
 from graphmem.trace.repeat_graph import placed_graph
 
-__all__ = ["KEEP", "Unrepeatable", "placed_calls", "repeat_blocks", "same_trace"]
+__all__ = ["KEEP", "Stacked", "Unrepeatable", "placed_calls", "repeat_blocks", "same_trace"]
 
 KEEP = 4  # blocks recorded: the first, two between (the template and its check), the last
 _SHARED = ("aten._foreach_", "aten._fused_")
@@ -46,7 +46,7 @@ class _Layout:
     run whether its blocks run in ``ascending`` order; each block storage's ``owner``
     (block, id within the block) and per block ``local`` id -> sid."""
 
-    prefix: str
+    where: Stacked
     kind: tuple[Any, ...]
     runs: tuple[tuple[tuple[int, int], ...], ...]
     ascending: tuple[bool, ...]
@@ -55,23 +55,35 @@ class _Layout:
     ends: frozenset[int]  # the last op of each phase of each iteration
 
 
-def block_of(path: str, prefix: str) -> int | None:
-    """The block a module path (or a tensor name) lies in: 2 for ``prefix.2.mlp``."""
-    if prefix and not path.startswith(prefix + "."):
-        return None
-    head = (path[len(prefix) + 1:] if prefix else path).split(".", 1)[0]
-    return int(head) if head.isdigit() else None
+@dataclass(frozen=True, slots=True)
+class Stacked:
+    """Where the blocks are: the stack's module path, and how many of its children make one
+    block (2 when every second child differs, as with checkpointing every second one)."""
+
+    prefix: str
+    period: int = 1
+
+    def index(self, path: str) -> int | None:
+        """The child of the stack a module path (or tensor name) lies in: 2 for ``prefix.2.mlp``."""
+        if self.prefix and not path.startswith(self.prefix + "."):
+            return None
+        head = (path[len(self.prefix) + 1:] if self.prefix else path).split(".", 1)[0]
+        return int(head) if head.isdigit() else None
+
+    def block_of(self, path: str) -> int | None:
+        index = self.index(path)
+        return None if index is None else index // self.period
+
+    def renamed(self, path: str, source: int, target: int) -> str:
+        """``path`` in block ``source`` renamed into block ``target``."""
+        index = self.index(path)
+        assert index is not None and index // self.period == source, "renamed: a path outside the block"
+        head = f"{self.prefix}.{index}" if self.prefix else str(index)
+        moved = str(target * self.period + index % self.period)
+        return (f"{self.prefix}.{moved}" if self.prefix else moved) + path[len(head):]
 
 
-def _renamed(path: str, prefix: str, source: int, target: int) -> str:
-    """``path`` in block ``source`` renamed into block ``target``."""
-    head = f"{prefix}.{source}" if prefix else str(source)
-    return f"{prefix}.{target}{path[len(head):]}" if prefix else f"{target}{path[len(head):]}"
-
-
-
-
-def _kinds(trace: Trace, prefix: str) -> list[Any]:
+def _kinds(trace: Trace, where: Stacked) -> list[Any]:
     """Each op's block by its module (None outside the stack), "shared" for multi-tensor
     optimizer ops.  Ops named after no module between two ops of one block, in one phase, are
     that block's (FSDP2 detaches each gradient in a hook autograd runs for no module)."""
@@ -80,7 +92,7 @@ def _kinds(trace: Trace, prefix: str) -> list[Any]:
         if op.phase == Phase.OPTIMIZER and op.op.startswith(_SHARED):
             kinds.append("shared")
         else:
-            kinds.append(block_of(op.module, prefix))
+            kinds.append(where.block_of(op.module))
     i = 0
     while i < len(kinds):
         stop = i
@@ -131,7 +143,7 @@ def _runs(kinds: list[Any], phases: list[tuple[Phase, int]]) -> tuple[list[Any],
     return placed, tuple(tuple(r) for r in runs), tuple(ascending)
 
 
-def _owners(trace: Trace, prefix: str, kind: list[Any]) -> dict[int, tuple[int, Hashable]]:
+def _owners(trace: Trace, where: Stacked, kind: list[Any]) -> dict[int, tuple[int, Hashable]]:
     """Block storage -> (block, id within the block): the tensors named after the block's
     parameters, what a block op made (by its place in the op), and what a shared op made for
     a block's tensor."""
@@ -140,9 +152,9 @@ def _owners(trace: Trace, prefix: str, kind: list[Any]) -> dict[int, tuple[int, 
     named: dict[tuple[int, str], int] = defaultdict(int)
     for s in trace.storages:
         if s.label or s.created < 0:  # a tensor named after a parameter is its block's, whoever made it
-            b = block_of(s.label, prefix)
+            b = where.block_of(s.label)
             if b is not None:
-                name = _renamed(s.label, prefix, b, 0)
+                name = where.renamed(s.label, b, 0)
                 owner[s.sid] = (b, ("n", name, named[(b, name)]))
                 named[(b, name)] += 1
             continue
@@ -180,11 +192,11 @@ def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Has
     return kinds
 
 
-def _layout(trace: Trace, prefix: str) -> _Layout:
-    kinds, phases = _kinds(trace, prefix), [(op.phase, op.iteration) for op in trace.ops]
+def _layout(trace: Trace, where: Stacked) -> _Layout:
+    kinds, phases = _kinds(trace, where), [(op.phase, op.iteration) for op in trace.ops]
     for _ in range(4):  # what an op made is its block's; an optimizer op is the block of what it reads
         placed, runs, ascending = _runs(kinds, phases)
-        owner = _owners(trace, prefix, placed)
+        owner = _owners(trace, where, placed)
         kinds, before = _by_storages(trace, kinds, owner), kinds
         if kinds == before:
             break
@@ -196,7 +208,7 @@ def _layout(trace: Trace, prefix: str) -> _Layout:
             raise Unrepeatable("two storages of a block in the same place")
         local[b][lo] = sid
     ends = frozenset(i for i in range(len(phases)) if i + 1 == len(phases) or phases[i + 1] != phases[i])
-    return _Layout(prefix=prefix, kind=tuple(placed), runs=runs, ascending=ascending, owner=owner, local=local,
+    return _Layout(where=where, kind=tuple(placed), runs=runs, ascending=ascending, owner=owner, local=local,
                    ends=ends)
 
 
@@ -311,8 +323,8 @@ class _Placer:
     def moved(self, path: str, t: int, s: int) -> str:
         """A module path or tensor name seen from block ``t`` placed from ``s``: a path in
         recorded block b is in the block ``target`` gives; other paths stay."""
-        b = block_of(path, self.layout.prefix)
-        return path if b is None else _renamed(path, self.layout.prefix, b, self.target(t, b, s))
+        b = self.layout.where.block_of(path)
+        return path if b is None else self.layout.where.renamed(path, b, self.target(t, b, s))
 
     def key(self, sid: int, t: int = -1, s: int = -1) -> Key:
         """The whole trace's storage for ``sid`` read by an op of block ``t`` placed from ``s``
@@ -383,10 +395,10 @@ def _placed_op(placer: _Placer, trace: Trace, t: int, i: int) -> tuple[OpRecord,
         s = lay.kind[i][0]
         return (replace(op, module=placer.moved(op.module, t, s)),
                 [placer.key(sid, t, s) for sid in op.inputs], [placer.key(sid, t, s) for sid in op.outputs])
-    b = block_of(op.module, lay.prefix)  # an op outside may be named after the op before it
+    b = lay.where.block_of(op.module)  # an op outside may be named after the op before it
     if b in (1, 2):
         raise Unrepeatable("an op outside the blocks named after a block between the ends")
-    op = replace(op, module=_renamed(op.module, lay.prefix, b, placer.length - 1)) if b == KEEP - 1 else op
+    op = replace(op, module=lay.where.renamed(op.module, b, placer.length - 1)) if b == KEEP - 1 else op
     if lay.kind[i] != "shared":
         return op, [placer.key(sid) for sid in op.inputs], [placer.key(sid) for sid in op.outputs]
     if op.scratch_bytes or op.flops:
@@ -420,15 +432,18 @@ def _keys(placer: _Placer, trace: Trace) -> list[Key]:
     return keys
 
 
-def repeat_blocks(trace: Trace, prefix: str, length: int, *, graph: bool = True) -> Trace:
-    """The trace of the whole model with a stack of ``length`` blocks at ``prefix``, from
-    ``trace``, its recording cut to KEEP blocks (see the module docstring).  ``graph``:
+def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, graph: bool = True) -> Trace:
+    """The trace of the whole model with a stack of ``length`` children at ``prefix``, from
+    ``trace``, its recording cut to KEEP blocks of ``period`` children each (see the module
+    docstring).  ``graph``:
     False keeps the cut trace's fx graph (for the check, which compares no graph).
 
     Raises:
         Unrepeatable: the cut recording does not repeat by offset.
     """
-    placer = _Placer(_layout(trace, prefix), length, trace)
+    if length % period:
+        raise Unrepeatable(f"a stack of {length} does not split into blocks of {period}")
+    placer = _Placer(_layout(trace, Stacked(prefix, period)), length // period, trace)
     placed = [_placed_op(placer, trace, t, i) for t, i in placer.order]
     records = {key: _storage_of(placer, trace, key) for key in _keys(placer, trace)}
     first = placer.expand([s.sid for s in trace.storages if s.created < 0])
@@ -466,10 +481,10 @@ def same_trace(a: Trace, b: Trace) -> bool:
     return a.ops == b.ops and a.storages == b.storages and a.sizes == b.sizes
 
 
-def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int]) -> list[int]:
+def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int], period: int = 1) -> list[int]:
     """How many times the whole model makes each call the cut recording made before the op at
     each of ``positions`` (a kernel choice): once outside the stack and in the first and last
     block, ``length - 2`` times in block 1, never in block 2 (block 1's copies stand for it)."""
-    placer = _Placer(_layout(trace, prefix), length, trace)
-    times = {0: 1, 1: length - 2, 2: 0, KEEP - 1: 1}
+    placer = _Placer(_layout(trace, Stacked(prefix, period)), length // period, trace)
+    times = {0: 1, 1: length // period - 2, 2: 0, KEEP - 1: 1}
     return [times[placer.block(p)] if 0 <= p < len(trace.ops) and placer.block(p) >= 0 else 1 for p in positions]
