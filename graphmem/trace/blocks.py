@@ -17,6 +17,7 @@ by the check graphmem.trace.repeat makes on the recording itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ def _same_value(a: Any, b: Any, position: int) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
             and a.dtype == b.dtype
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):  # an activation with arguments
+        return a.func is b.func and _same_value(a.args, b.args, 0) and _same_value(a.keywords, b.keywords, 0)
     if callable(a) and callable(b):  # the same function bound to each block's own module
         return getattr(a, "__func__", a) is getattr(b, "__func__", b)
     try:
