@@ -179,14 +179,14 @@ def _owners(trace: Trace, where: Stacked, kind: list[Any]) -> dict[int, tuple[in
 
 
 def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Hashable]]) -> list[Any]:
-    """An optimizer op that reads one block's tensors alone is that block's (one that reads
-    tensors outside the stack alone is outside it), whatever it is
+    """An optimizer op that reads one block's tensors alone (or, reading none, makes them) is
+    that block's (one that reads tensors outside the stack alone is outside it), whatever it is
     named after (an op on a tensor with no parameter yet, such as a new step counter, is
     named after the op before it: the previous parameter's)."""
     kinds = list(kinds)
     for i, op in enumerate(trace.ops):
-        if kinds[i] != "shared" and op.phase == Phase.OPTIMIZER and op.inputs:
-            blocks = {owner[sid][0] if sid in owner else None for sid in op.inputs}
+        if kinds[i] != "shared" and op.phase == Phase.OPTIMIZER and (op.inputs or op.outputs):
+            blocks = {owner[sid][0] if sid in owner else None for sid in op.inputs or op.outputs}
             if len(blocks) == 1:
                 kinds[i] = blocks.pop()
     return kinds
