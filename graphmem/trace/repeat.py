@@ -85,8 +85,10 @@ class Stacked:
 
 def _kinds(trace: Trace, where: Stacked) -> list[Any]:
     """Each op's block by its module (None outside the stack), "shared" for multi-tensor
-    optimizer ops.  Ops named after no module between two ops of one block, in one phase, are
-    that block's (FSDP2 detaches each gradient in a hook autograd runs for no module)."""
+    optimizer ops.  Ops outside the stack between two ops of one block, in one phase, are that
+    block's, and between two blocks the next one's: LayerDrop's draw before each block, FSDP2's
+    gradient detaches in a hook autograd runs for no module, Mamba's activation module that is
+    not in the model's tree."""
     kinds: list[Any] = []
     for op in trace.ops:
         if op.phase == Phase.OPTIMIZER and op.op.startswith(_SHARED):
@@ -96,10 +98,11 @@ def _kinds(trace: Trace, where: Stacked) -> list[Any]:
     i = 0
     while i < len(kinds):
         stop = i
-        while stop < len(kinds) and kinds[stop] is None and not trace.ops[stop].module:
+        while stop < len(kinds) and kinds[stop] is None:
             stop += 1
         if stop > i and 0 < i and stop < len(kinds) and isinstance(kinds[i - 1], int) and \
-                kinds[i - 1] == kinds[stop] and len({(o.phase, o.iteration) for o in trace.ops[i - 1:stop + 1]}) == 1:
+                isinstance(kinds[stop], int) and abs(kinds[i - 1] - kinds[stop]) <= 1 and \
+                len({(o.phase, o.iteration) for o in trace.ops[i - 1:stop + 1]}) == 1:
             kinds[i:stop] = [kinds[stop]] * (stop - i)
         i = stop + 1 if stop > i else i + 1
     return kinds
