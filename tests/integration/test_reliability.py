@@ -286,7 +286,9 @@ def _interrupted_check(work: Path, delay: float) -> tuple[float, int, str, str]:
     after graphmem started building it.  Returns (delay, exit code, stdout, stderr)."""
     process = subprocess.Popen([*GRAPHMEM, "check", "marked_gpt.py:MarkedGPT", "--input", "8x256:int64",
                                 "--loss", "cross_entropy", "--budget", "10GiB", "--kwargs", '{"layers": 16}'],
-                               cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               # every block recorded: the recording outlasts the latest moment tried
+                               env={**os.environ, "GRAPHMEM_REPEATED_BLOCKS": "0"})
     assert process.stderr is not None
     started = ""
     while "graphmem-test: building" not in started and process.poll() is None:

@@ -90,7 +90,7 @@ def test_a_reduce_dtype_cast_follows_the_reduce_scatter_onto_its_stream() -> Non
 
 def _op(index: int, name: str, inputs: tuple[int, ...] = (), outputs: tuple[int, ...] = (),
         module: str = "layers.2") -> OpRecord:
-    return OpRecord(index, name, f"n{index}", Phase.BACKWARD, 0, module, inputs, outputs, 0)
+    return OpRecord(index, name, Phase.BACKWARD, 0, module, inputs, outputs, 0)
 
 
 def test_hsdp_casts_on_the_all_reduce_stream_after_the_all_reduce() -> None:

@@ -96,14 +96,14 @@ def test_nested_uses_restore_in_order() -> None:
 
 @pytest.fixture
 def traced_with_cuda_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """trace_step wrapped as graphmem.trace.tracer must wrap it (see job/devices.py)."""
-    traced = graphmem.api.trace_step
+    """record_step wrapped as graphmem.trace.tracer must wrap it (see job/devices.py)."""
+    traced = graphmem.api.record_step
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         with cuda_calls_on_cpu(kwargs.get("device", "cpu")):
             return traced(*args, **kwargs)
 
-    monkeypatch.setattr(graphmem.api, "trace_step", wrapped)
+    monkeypatch.setattr(graphmem.api, "record_step", wrapped)
     yield
 
 

@@ -30,7 +30,7 @@ def _trace() -> Trace:
         _storage(3, 100, 3, None, Role.GRADIENT),            # gradient from backward on
         _storage(4, 1, 2, None, Role.OUTPUT),                # the loss
     )
-    return Trace(mode="train", graph=torch.fx.Graph(), ops=ops, storages=storages, optimizer="sgd")
+    return Trace(mode="train", fx=torch.fx.Graph(), ops=ops, storages=storages, optimizer="sgd")
 
 
 def test_timeline_by_hand() -> None:
@@ -58,9 +58,9 @@ def test_report_by_hand() -> None:
 
 def test_last_use_policy_frees_temporaries_early() -> None:
     ops = (_op(0, Phase.FORWARD), _op(1, Phase.FORWARD), _op(2, Phase.FORWARD))
-    ops = (ops[0], OpRecord(1, "aten.op1", "n1", Phase.FORWARD, 0, "m", (1,), (2,), 0), ops[2])
+    ops = (ops[0], OpRecord(1, "aten.op1", Phase.FORWARD, 0, "m", (1,), (2,), 0), ops[2])
     storages = (_storage(1, 10, 0, None), _storage(2, 20, 1, None))
-    trace = Trace(mode="inference", graph=torch.fx.Graph(), ops=ops, storages=storages, optimizer=None)
+    trace = Trace(mode="inference", fx=torch.fx.Graph(), ops=ops, storages=storages, optimizer=None)
     # observed: both referenced to the end -> 10, 30, 30
     assert compute_timeline(compute_lifetimes(trace), trace) == (10, 30, 30)
     # last use of both is op 1 -> 10, 30, 0

@@ -96,7 +96,7 @@ def _hand_trace() -> Trace:
                                               iteration=0, module="m", inputs=(), outputs=(), scratch_bytes=scratch)
     store = lambda sid, n, c, r, *roles: StorageRecord(sid=sid, nbytes=n, created=c, released=r,
                                                        roles=frozenset(roles), label="", shape=(), dtype="float32")
-    return Trace(mode="train", graph=torch.fx.Graph(),
+    return Trace(mode="train", fx=torch.fx.Graph(),
                  ops=(op(0, Phase.FORWARD), op(1, Phase.FORWARD, scratch=5), op(2, Phase.BACKWARD, scratch=3)),
                  storages=(store(0, 100, -1, None, Role.PARAMETER), store(1, 10, 0, 2), store(2, 7, 1, 1)),
                  optimizer="sgd")
