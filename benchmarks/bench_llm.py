@@ -2,6 +2,8 @@
 
 - llama-3-8b training at 4096 tokens, bf16 weights, AdamW, labels in (output.loss);
 - llama-3-70b inference with an 8k-token KV cache (prefill 8192 tokens, one decode step);
+- llama-3-70b training at 8192 tokens on one GPU (repeated blocks recorded once, and every block
+  recorded: GRAPHMEM_REPEATED_BLOCKS=0), and the llama-3.1-405b shape likewise;
 - llama-3-70b training at 8192 tokens per GPU with FSDP2 over 64 GPUs, and FSDP2 over 8 x tensor
   parallel over 8 (one rank recorded per group of ranks whose memory is the same).
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -21,6 +24,13 @@ CASES: dict[str, dict[str, Any]] = {
         preset="llama-3-8b", inputs=["input_ids=1x4096:int64", "labels=1x4096:int64"], mode="train",
         optimizer="adamw"),
     "llama-3-70b generate 8192+1": dict(preset="llama-3-70b", inputs=[], generate="8192+1"),
+    "llama-3-70b train 1x8192 adamw": dict(
+        preset="llama-3-70b", inputs=["input_ids=1x8192:int64"], mode="train", optimizer="adamw"),
+    "llama-3-70b train 1x8192 adamw, every block recorded": dict(
+        preset="llama-3-70b", inputs=["input_ids=1x8192:int64"], mode="train", optimizer="adamw",
+        env={"GRAPHMEM_REPEATED_BLOCKS": "0"}),
+    "llama-3.1-405b train 1x8192 adamw": dict(
+        preset="llama-3.1-405b", inputs=["input_ids=1x8192:int64"], mode="train", optimizer="adamw"),
     "llama-3-70b train 1x8192 adamw fsdp=64": dict(
         preset="llama-3-70b", inputs=["input_ids=1x8192:int64"], mode="train", optimizer="adamw",
         parallel="fsdp=64"),
@@ -44,7 +54,8 @@ print(json.dumps({"wall_s": round(wall, 2), "rss_mib": resource.getrusage(resour
 
 def run(case: dict[str, Any]) -> dict[str, Any]:
     """One analysis in a fresh interpreter (so its RSS is its own)."""
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(case)], capture_output=True, text=True)
+    env = {**os.environ, **case.pop("env", {})}
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(case)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
