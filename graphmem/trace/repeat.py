@@ -19,206 +19,24 @@ the whole model.  Knows nothing of reports or the command line.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from graphmem.trace.records import OpRecord, Phase, StorageRecord, SymbolicSizes, Trace
+from graphmem.trace.records import OpRecord, StorageRecord, SymbolicSizes, Trace
 from graphmem.trace.repeat_graph import placed_graph
+from graphmem.trace.repeat_layout import KEEP, Layout, Stacked, Unrepeatable, layout
 
 __all__ = ["KEEP", "Stacked", "Unrepeatable", "placed_calls", "repeat_blocks", "same_trace"]
 
-KEEP = 4  # blocks recorded: the first, two between (the template and its check), the last
-_SHARED = ("aten._foreach_", "aten._fused_")
 Key = tuple[int, Hashable]  # a storage of the whole trace: (block, its id within the block) or (-1, sid)
-
-
-class Unrepeatable(Exception):
-    """The cut recording does not repeat by offset; record the whole model."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """The cut trace taken apart: per op ``kind`` (None outside the stack, "shared", or
-    (block, run, position)); per block its ``runs`` (start, stop) of consecutive ops; per
-    run whether its blocks run in ``ascending`` order; each block storage's ``owner``
-    (block, id within the block) and per block ``local`` id -> sid."""
-
-    where: Stacked
-    kind: tuple[Any, ...]
-    runs: tuple[tuple[tuple[int, int], ...], ...]
-    ascending: tuple[bool, ...]
-    owner: dict[int, tuple[int, Hashable]]
-    local: tuple[dict[Hashable, int], ...]
-    ends: frozenset[int]  # the last op of each phase of each iteration
-
-
-@dataclass(frozen=True, slots=True)
-class Stacked:
-    """Where the blocks are: the stack's module path, and how many of its children make one
-    block (2 when every second child differs, as with checkpointing every second one)."""
-
-    prefix: str
-    period: int = 1
-
-    def index(self, path: str) -> int | None:
-        """The child of the stack a module path (or tensor name) lies in: 2 for ``prefix.2.mlp``."""
-        if self.prefix and not path.startswith(self.prefix + "."):
-            return None
-        head = (path[len(self.prefix) + 1:] if self.prefix else path).split(".", 1)[0]
-        return int(head) if head.isdigit() else None
-
-    def block_of(self, path: str) -> int | None:
-        index = self.index(path)
-        return None if index is None else index // self.period
-
-    def renamed(self, path: str, source: int, target: int) -> str:
-        """``path`` in block ``source`` renamed into block ``target``."""
-        index = self.index(path)
-        assert index is not None and index // self.period == source, "renamed: a path outside the block"
-        head = f"{self.prefix}.{index}" if self.prefix else str(index)
-        moved = str(target * self.period + index % self.period)
-        return (f"{self.prefix}.{moved}" if self.prefix else moved) + path[len(head):]
-
-
-def _kinds(trace: Trace, where: Stacked) -> list[Any]:
-    """Each op's block by its module (None outside the stack), "shared" for multi-tensor
-    optimizer ops.  Ops outside the stack between two ops of one block, in one phase, are that
-    block's, and between two blocks the next one's: LayerDrop's draw before each block, FSDP2's
-    gradient detaches in a hook autograd runs for no module, Mamba's activation module that is
-    not in the model's tree."""
-    kinds: list[Any] = []
-    for op in trace.ops:
-        if op.phase == Phase.OPTIMIZER and op.op.startswith(_SHARED):
-            kinds.append("shared")
-        else:
-            kinds.append(where.block_of(op.module))
-    i = 0
-    while i < len(kinds):
-        stop = i
-        while stop < len(kinds) and kinds[stop] is None:
-            stop += 1
-        if stop > i and 0 < i and stop < len(kinds) and isinstance(kinds[i - 1], int) and \
-                isinstance(kinds[stop], int) and abs(kinds[i - 1] - kinds[stop]) <= 1 and \
-                len({(o.phase, o.iteration) for o in trace.ops[i - 1:stop + 1]}) == 1:
-            kinds[i:stop] = [kinds[stop]] * (stop - i)
-        i = stop + 1 if stop > i else i + 1
-    return kinds
-
-
-def _runs(kinds: list[Any], phases: list[tuple[Phase, int]]) -> tuple[list[Any], tuple[tuple[tuple[int, int], ...],
-                                                                                       ...], tuple[bool, ...]]:
-    """Each block op's (block, run, position), each block's runs (of consecutive ops of one
-    phase and iteration), each run's order."""
-    runs: list[list[tuple[int, int]]] = [[] for _ in range(KEEP)]
-    placed = list(kinds)
-    i = 0
-    while i < len(kinds):
-        b = kinds[i]
-        if not isinstance(b, int):
-            i += 1
-            continue
-        if not 0 <= b < KEEP:
-            raise Unrepeatable(f"an op in block {b} of a stack cut to {KEEP}")
-        stop = i
-        while stop < len(kinds) and kinds[stop] == b and phases[stop] == phases[i]:
-            placed[stop] = (b, len(runs[b]), stop - i)
-            stop += 1
-        runs[b].append((i, stop))
-        i = stop
-    if not runs[1]:
-        raise Unrepeatable("no op ran in the blocks")
-    count = len(runs[0])  # the first and last block may differ from the others (no gradient for the
-    # first block's input when the embeddings are frozen), not the two between
-    if any(len(r) != count for r in runs) or any(
-            runs[1][r][1] - runs[1][r][0] != runs[2][r][1] - runs[2][r][0] for r in range(count)):
-        raise Unrepeatable("the blocks' runs of ops differ")
-    ascending = []
-    for r in range(count):
-        if runs[2][r][0] == runs[1][r][1]:
-            ascending.append(True)
-        elif runs[1][r][0] == runs[2][r][1]:
-            ascending.append(False)
-        else:
-            raise Unrepeatable("ops outside the stack between two of its blocks")
-    return placed, tuple(tuple(r) for r in runs), tuple(ascending)
-
-
-def _owners(trace: Trace, where: Stacked, kind: list[Any]) -> dict[int, tuple[int, Hashable]]:
-    """Block storage -> (block, id within the block): the tensors named after the block's
-    parameters, what a block op made (by its place in the op), and what a shared op made for
-    a block's tensor."""
-    owner: dict[int, tuple[int, Hashable]] = {}
-    marked: dict[tuple[int, int], int] = defaultdict(int)
-    named: dict[tuple[int, str], int] = defaultdict(int)
-    for s in trace.storages:
-        if s.label or s.created < 0:  # a tensor named after a parameter is its block's, whoever made it
-            b = where.block_of(s.label)
-            if b is not None:
-                name = where.renamed(s.label, b, 0)
-                owner[s.sid] = (b, ("n", name, named[(b, name)]))
-                named[(b, name)] += 1
-            continue
-        op, k = trace.ops[s.created], kind[s.created]
-        if k == "shared":
-            if s.sid in op.outputs:
-                pos = op.outputs.index(s.sid)
-                source = op.inputs[pos] if pos < len(op.inputs) else -1
-                if source in owner:
-                    b, lo = owner[source]
-                    owner[s.sid] = (b, ("s", s.created, lo))
-        elif k is not None:
-            b, r, p = k
-            if s.sid in op.outputs:
-                owner[s.sid] = (b, ("o", r, p, op.outputs.index(s.sid)))
-            elif s.sid in op.inputs:
-                owner[s.sid] = (b, ("i", r, p, op.inputs.index(s.sid)))
-            else:  # given a role between two ops
-                owner[s.sid] = (b, ("m", r, p, marked[(b, s.created)]))
-                marked[(b, s.created)] += 1
-    return owner
-
-
-def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Hashable]]) -> list[Any]:
-    """An optimizer op that reads one block's tensors alone (or, reading none, makes them) is
-    that block's (one that reads tensors outside the stack alone is outside it), whatever it is
-    named after (an op on a tensor with no parameter yet, such as a new step counter, is
-    named after the op before it: the previous parameter's)."""
-    kinds = list(kinds)
-    for i, op in enumerate(trace.ops):
-        if kinds[i] != "shared" and op.phase == Phase.OPTIMIZER and (op.inputs or op.outputs):
-            blocks = {owner[sid][0] if sid in owner else None for sid in op.inputs or op.outputs}
-            if len(blocks) == 1:
-                kinds[i] = blocks.pop()
-    return kinds
-
-
-def _layout(trace: Trace, where: Stacked) -> _Layout:
-    kinds, phases = _kinds(trace, where), [(op.phase, op.iteration) for op in trace.ops]
-    for _ in range(4):  # what an op made is its block's; an optimizer op is the block of what it reads
-        placed, runs, ascending = _runs(kinds, phases)
-        owner = _owners(trace, where, placed)
-        kinds, before = _by_storages(trace, kinds, owner), kinds
-        if kinds == before:
-            break
-    else:
-        raise Unrepeatable("the optimizer's ops do not settle into blocks")
-    local: tuple[dict[Hashable, int], ...] = tuple({} for _ in range(KEEP))
-    for sid, (b, lo) in owner.items():
-        if lo in local[b]:
-            raise Unrepeatable("two storages of a block in the same place")
-        local[b][lo] = sid
-    ends = frozenset(i for i in range(len(phases)) if i + 1 == len(phases) or phases[i + 1] != phases[i])
-    return _Layout(where=where, kind=tuple(placed), runs=runs, ascending=ascending, owner=owner, local=local,
-                   ends=ends)
 
 
 class _Placer:
     """Places the cut trace's blocks for a stack of ``length`` blocks (see the module docstring)."""
 
-    def __init__(self, layout: _Layout, length: int, trace: Trace) -> None:
+    def __init__(self, layout: Layout, length: int, trace: Trace) -> None:
         if length < KEEP:
             raise Unrepeatable(f"a stack of {length} blocks is shorter than the {KEEP} recorded")
         self._trace_ops = trace.ops
@@ -446,7 +264,7 @@ def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, gr
     """
     if length % period:
         raise Unrepeatable(f"a stack of {length} does not split into blocks of {period}")
-    placer = _Placer(_layout(trace, Stacked(prefix, period)), length // period, trace)
+    placer = _Placer(layout(trace, Stacked(prefix, period)), length // period, trace)
     placed = [_placed_op(placer, trace, t, i) for t, i in placer.order]
     records = {key: _storage_of(placer, trace, key) for key in _keys(placer, trace)}
     first = placer.expand([s.sid for s in trace.storages if s.created < 0])
@@ -488,6 +306,6 @@ def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int
     """How many times the whole model makes each call the cut recording made before the op at
     each of ``positions`` (a kernel choice): once outside the stack and in the first and last
     block, ``length - 2`` times in block 1, never in block 2 (block 1's copies stand for it)."""
-    placer = _Placer(_layout(trace, Stacked(prefix, period)), length // period, trace)
+    placer = _Placer(layout(trace, Stacked(prefix, period)), length // period, trace)
     times = {0: 1, 1: length // period - 2, 2: 0, KEEP - 1: 1}
     return [times[placer.block(p)] if 0 <= p < len(trace.ops) and placer.block(p) >= 0 else 1 for p in positions]
