@@ -154,6 +154,8 @@ class _Placer:
         if owned is None:
             return (-1, sid)
         b, lo = owned
+        if b == s == 1:  # a middle block's own storage (most references): the copy's own
+            return (t, lo)
         if t < 0:
             if b not in (0, KEEP - 1):
                 raise Unrepeatable("an op outside the stack reads a block between the first and the last")
@@ -209,22 +211,23 @@ class _Placer:
         return self.index[(target, start + p)]
 
 
-def _placed_op(placer: _Placer, trace: Trace, t: int, i: int) -> tuple[OpRecord, list[Key], list[Key]]:
-    """Cut op ``i`` placed for block ``t`` (-1: outside the stack), its storages as keys."""
+def _placed_op(placer: _Placer, trace: Trace, t: int, i: int) -> tuple[OpRecord, str, list[Key], list[Key]]:
+    """Cut op ``i`` placed for block ``t`` (-1: outside the stack): the cut op, its module
+    there, its storages as keys."""
     op, lay = trace.ops[i], placer.layout
     if t >= 0:
         s = lay.kind[i][0]
-        return (replace(op, module=placer.moved(op.module, t, s)),
+        return (op, placer.moved(op.module, t, s),
                 [placer.key(sid, t, s) for sid in op.inputs], [placer.key(sid, t, s) for sid in op.outputs])
     b = lay.where.block_of(op.module)  # an op outside may be named after the op before it
     if b in (1, 2):
         raise Unrepeatable("an op outside the blocks named after a block between the ends")
-    op = replace(op, module=lay.where.renamed(op.module, b, placer.length - 1)) if b == KEEP - 1 else op
+    module = lay.where.renamed(op.module, b, placer.length - 1) if b == KEEP - 1 else op.module
     if lay.kind[i] != "shared":
-        return op, [placer.key(sid) for sid in op.inputs], [placer.key(sid) for sid in op.outputs]
+        return op, module, [placer.key(sid) for sid in op.inputs], [placer.key(sid) for sid in op.outputs]
     if op.scratch_bytes or op.flops:
         raise Unrepeatable("a multi-tensor op with scratch bytes or FLOPs (they grow with the stack)")
-    return op, placer.expand(op.inputs), placer.expand(op.outputs)
+    return op, module, placer.expand(op.inputs), placer.expand(op.outputs)
 
 
 def _storage_of(placer: _Placer, trace: Trace, key: Key) -> tuple[int, StorageRecord]:
@@ -240,7 +243,8 @@ def _storage_of(placer: _Placer, trace: Trace, key: Key) -> tuple[int, StorageRe
     created = -1 if rec.created < 0 else placer.at(rec.created, t, s)
     released = None if rec.released is None else placer.at(rec.released, t, s)
     label = rec.label if t < 0 else placer.moved(rec.label, t, s)
-    return sid, replace(rec, created=created, released=released, label=label)
+    return sid, StorageRecord(sid=-1, nbytes=rec.nbytes, created=created, released=released, roles=rec.roles,
+                              label=label, shape=rec.shape, dtype=rec.dtype)
 
 
 def _keys(placer: _Placer, trace: Trace) -> list[Key]:
@@ -271,7 +275,7 @@ def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, gr
 
     def slot(key: Key) -> tuple[int, int, int, int]:  # the recorder numbers storages as it first meets them
         sid, rec = records[key]
-        _, ins, outs = placed[rec.created]
+        _, _, ins, outs = placed[rec.created]
         if key in ins:
             return (rec.created, 0, ins.index(key), sid)
         return (rec.created, 1, outs.index(key), sid) if key in outs else (rec.created, 2, 0, sid)
@@ -279,12 +283,16 @@ def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, gr
     sid_of = {key: n for n, key in enumerate([*first, *rest])}
     if len(sid_of) != len(records):
         raise Unrepeatable("storages placed twice or not at all")
-    ops = tuple(replace(op, index=n, inputs=tuple(sid_of[k] for k in ins),
-                        outputs=tuple(sid_of[k] for k in outs)) for n, (op, ins, outs) in enumerate(placed))
+    ops = tuple(OpRecord(index=n, op=op.op, phase=op.phase, iteration=op.iteration, module=module,
+                         inputs=tuple([sid_of[k] for k in ins]), outputs=tuple([sid_of[k] for k in outs]),
+                         scratch_bytes=op.scratch_bytes, flops=op.flops, recompute=op.recompute)
+                for n, (op, module, ins, outs) in enumerate(placed))
     fx: Any = trace.fx
     if graph:  # built when first asked for
         fx = partial(placed_graph, trace, [(key, records[key][0], records[key][1].label) for key in first], placer)
-    storages = tuple(replace(records[key][1], sid=n) for n, key in enumerate([*first, *rest]))
+    storages = tuple(StorageRecord(sid=n, nbytes=r.nbytes, created=r.created, released=r.released, roles=r.roles,
+                                   label=r.label, shape=r.shape, dtype=r.dtype)
+                     for n, r in enumerate(records[key][1] for key in [*first, *rest]))
     return replace(trace, fx=fx, ops=ops, storages=storages,
                    sizes=_sizes(trace.sizes, placer, {n: records[key][0] for key, n in sid_of.items()}))
 

@@ -8,6 +8,7 @@ block, by which the same storage is found in another block.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -51,10 +52,7 @@ class Stacked:
 
     def index(self, path: str) -> int | None:
         """The child of the stack a module path (or tensor name) lies in: 2 for ``prefix.2.mlp``."""
-        if self.prefix and not path.startswith(self.prefix + "."):
-            return None
-        head = (path[len(self.prefix) + 1:] if self.prefix else path).split(".", 1)[0]
-        return int(head) if head.isdigit() else None
+        return _index(self.prefix, path)
 
     def block_of(self, path: str) -> int | None:
         index = self.index(path)
@@ -67,6 +65,14 @@ class Stacked:
         head = f"{self.prefix}.{index}" if self.prefix else str(index)
         moved = str(target * self.period + index % self.period)
         return (f"{self.prefix}.{moved}" if self.prefix else moved) + path[len(head):]
+
+
+@functools.lru_cache(maxsize=65536)  # the same few hundred paths, once per placed block
+def _index(prefix: str, path: str) -> int | None:
+    if prefix and not path.startswith(prefix + "."):
+        return None
+    head = (path[len(prefix) + 1:] if prefix else path).split(".", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def _kinds(trace: Trace, where: Stacked) -> list[Any]:
