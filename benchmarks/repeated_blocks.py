@@ -193,7 +193,7 @@ def main() -> None:
                 print(r["type"], r["mode"], r["status"], r.get("why") or r.get("error") or "", file=sys.stderr)
     text = table(rows)
     if args.write:
-        sample = f"every {args.every}th of the architectures (alphabetically)" if args.every > 1 else \
+        sample = f"one architecture in {args.every} (alphabetically)" if args.every > 1 else \
             "every architecture"
         Path(args.write).write_text(HEADER.format(sample=sample, every=f" --every {args.every}" * (args.every > 1))
                                     + text + "\n")

@@ -9,7 +9,9 @@ Blocks are alike when every submodule has the same class, the same parameters an
 (names, shapes, dtypes, ``requires_grad``, tensor class), no hooks, and the same plain
 attributes, except integers (and numbers in names) that grow with the block's position
 (``layer_idx``).  The first block need not be like the others: it is recorded as it is (a
-ResNet stage's first block downsamples, T5's first holds the position bias).
+ResNet stage's first block downsamples, T5's first holds the position bias).  A transformers
+config with a per-layer list whose entries differ, or a list of some layers' indices, makes the
+stack unlike: the model's code reads it by layer index where no attribute of a block shows it.
 A block whose behaviour depends on its position only through such an integer is caught
 by the check graphmem.trace.repeat makes on the recording itself.
 """
@@ -59,10 +61,36 @@ def find_stack(model: nn.Module) -> Stack | None:
             continue  # (the first block is recorded as it is: it may differ, as a ResNet stage's first)
         if any(counts.get(id(t), 0) != 1 for b in blocks for t in (*b.parameters(), *b.buffers())):
             continue  # a tensor shared between blocks, or with the rest of the model
+        if not _config_alike(model, len(blocks)):
+            continue
         size = sum(t.numel() for b in blocks for t in b.parameters())
         if best is None or size > best[0]:
             best = (size, Stack(path=path, length=len(blocks), container=module))
     return best[1] if best else None
+
+
+def _config_alike(model: nn.Module, length: int) -> bool:
+    """Whether the model's configuration (a transformers ``config`` and its sub-configs) treats
+    a stack of ``length`` layers alike: no per-layer list whose entries differ (``layer_types``)
+    and no list of some layers' indices (``rope_scaling_layers = [0, 1, 2, 3]``), which the
+    model's own code reads by layer index where no block attribute shows it."""
+    configs, seen = [getattr(model, "config", None)], set()
+    while configs:
+        config = configs.pop()
+        if config is None or id(config) in seen or not hasattr(config, "to_dict"):
+            continue
+        seen.add(id(config))
+        for key, value in vars(config).items():
+            if hasattr(value, "to_dict"):
+                configs.append(value)
+            if not isinstance(value, (list, tuple)) or not value:
+                continue
+            if len(value) == length and any(v != value[0] for v in value):
+                return False
+            named = any(word in key for word in ("layer", "indices", "idx"))
+            if named and len(value) < length and all(isinstance(v, int) and 0 <= v < length for v in value):
+                return False
+    return True
 
 
 def _alike(blocks: list[nn.Module]) -> bool:

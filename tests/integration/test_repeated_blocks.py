@@ -233,3 +233,16 @@ def test_a_cut_recording_leaves_every_block_in_the_same_mode(monkeypatch: pytest
                                     dict(mode="both", optimizer="adamw"))
     assert placed == 2
     _same_reports(fast, whole)
+
+
+def test_a_config_naming_some_layers_makes_the_stack_unlike() -> None:
+    """Molmo2 picks each layer's rotary table by ``layer_idx in config.rope_scaling_layers``; no
+    block attribute shows it, and the four recorded blocks may all be in the list."""
+    build = _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2, **SMALL)
+    model = build()
+    assert find_stack(model) is not None
+    model.config.rope_scaling_layers = [0, 1, 2, 3]
+    assert find_stack(model) is None
+    model.config.rope_scaling_layers = None
+    model.config.layer_types = ["full_attention"] * (LAYERS - 1) + ["sliding_attention"]
+    assert find_stack(model) is None
