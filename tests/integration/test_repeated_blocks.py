@@ -39,8 +39,6 @@ CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any]]] = [
     ("llama 8-bit adamw", _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2,
                               **{**SMALL, "hidden_size": 128, "intermediate_size": 256}),
      [IDS, "labels=2x16:int64"], dict(optimizer="adamw8bit", dtype="bf16")),
-    ("llama checkpointed", LLAMA, [IDS, "labels=2x16:int64"],
-     dict(optimizer="adamw", checkpoint=["LlamaDecoderLayer"])),
     ("llama checkpointing every second block", _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2,
                                                    **{**SMALL, "num_hidden_layers": 10}),
      [IDS, "labels=2x16:int64"], dict(optimizer="adamw", checkpoint=["LlamaDecoderLayer"], checkpoint_every=2)),
@@ -135,9 +133,8 @@ def test_the_curve_of_sizes_is_placed_too(monkeypatch: pytest.MonkeyPatch) -> No
     curves = []
     for flag in ("1", "0"):
         monkeypatch.setenv("GRAPHMEM_REPEATED_BLOCKS", flag)
-        curve = graphmem.analyze_curve(LLAMA, ["input_ids=Bx16:int64", "labels=Bx16:int64"], mode="train",
-                                       optimizer="adamw")
-        curves.append([curve.at(b).train.peak_bytes for b in (2, 3, 8)])
+        curve = graphmem.analyze_curve(LLAMA, ["input_ids=Bx16:int64"], mode="inference")
+        curves.append([curve.at(b).inference.peak_bytes for b in (2, 3, 8)])
     assert curves[0] == curves[1]
 
 
@@ -180,13 +177,26 @@ class Summed(nn.Module):
         return torch.stack(outs).sum(0)
 
 
-T5 = _hf("T5ForConditionalGeneration", "T5Config", vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=LAYERS,
-         num_heads=4, decoder_start_token_id=0)
-WHOLE = [(ParityStack, ["4x32"]), (Summed, ["4x32"]), (T5, [IDS, "labels=2x8:int64"])]
+class FirstBlockBias(nn.Module):
+    """Every block adds what the first block made (as T5's blocks add the first block's position
+    bias): a block reads a block two away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = x = self.blocks[0](x)
+        for block in self.blocks[1:]:
+            x = block(x) + first
+        return x
+
+
+WHOLE = [(ParityStack, ["4x32"]), (Summed, ["4x32"]), (FirstBlockBias, ["4x32"])]
 
 
 @pytest.mark.parametrize("build, inputs", WHOLE, ids=["ops differ by parity", "outputs summed",
-                                                      "t5: every block reads the first block's position bias"])
+                                                      "every block reads the first block's output"])
 def test_blocks_that_do_not_repeat_are_recorded_whole(monkeypatch: pytest.MonkeyPatch, build: Any,
                                                       inputs: list[str]) -> None:
     assert find_stack(build()) is not None, "the stack looks alike: only the recording's own check can tell"
