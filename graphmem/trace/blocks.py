@@ -33,6 +33,7 @@ __all__ = ["Stack", "find_stack", "cut_to"]
 MIN_BLOCKS = 6  # below this, recording four blocks and checking them saves little
 _PLAIN = (int, float, bool, type(None), torch.dtype, torch.device)
 _NUMBER = re.compile(r"(\d+)")
+_HOOK_PREFIXES = ("_forward", "_backward", "_state_dict", "_load")
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
           "_state_dict_hooks", "_load_state_dict_pre_hooks")
 
@@ -120,8 +121,7 @@ def _signature(block: nn.Module) -> list[tuple[str, Any]] | None:
                 items.append((f"{name}.{key}:{kind}", None if t is None else
                               (type(t), tuple(t.shape), t.dtype, t.requires_grad)))
         for key, value in sorted(vars(module).items()):
-            if key in ("_parameters", "_buffers", "_modules") or key in _HOOKS or key.startswith("_forward") \
-                    or key.startswith("_backward") or key.startswith("_state_dict") or key.startswith("_load"):
+            if key in ("_parameters", "_buffers", "_modules") or key.startswith(_HOOK_PREFIXES):  # (hooks: above)
                 continue
             items.append((f"{name}.{key}", value))
     return items
