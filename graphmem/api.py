@@ -7,6 +7,7 @@ import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,13 +32,14 @@ from graphmem.job.step import StepConfig, resolve_optimizer
 from graphmem.memory.cuda_replay import model_cuda_allocator
 from graphmem.memory.liveness import POLICIES, compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
-from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport
+from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.parallel import distinct_ranks
 from graphmem.trace.record import record_step
 from graphmem.trace.records import Phase, Trace
 from graphmem.trace.rules import Rule, RuleTable, rules_for
 from graphmem.trace.symbolic import trace_at
+from graphmem.workers import fork_map, processes
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve"]
 
@@ -45,7 +47,7 @@ __all__ = ["PeakCurve", "analyze", "analyze_curve"]
 def analyze(job: Job | str | ModelSource | None = None,
             inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor = (),
             *, rules: Mapping[torch._ops.OpOverload, Rule] | None = None, policy: str = "observed",
-            **keywords: Any) -> MemoryReport:
+            checkpoint_comparison: bool = True, **keywords: Any) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
     Args:
@@ -57,6 +59,8 @@ def analyze(job: Job | str | ModelSource | None = None,
         rules: extra per-op scratch rules, overriding the registry's for the device.
         policy: storage release policy, ``"observed"`` or ``"last_use"`` (see
             graphmem.memory.liveness).
+        checkpoint_comparison: with ``checkpoint``, also analyse the step without it
+            (``MemoryReport.train_without_checkpoint``); False leaves that out.
         **keywords: the job's other settings, as ``graphmem.make_job`` takes them: ``mode``
             (both, train, inference), ``optimizer`` (every torch.optim optimizer by name,
             bitsandbytes 8-bit ones by formula, ``none``, or ``pkg.module:Class``),
@@ -88,7 +92,8 @@ def analyze(job: Job | str | ModelSource | None = None,
     if input_symbol(job.inputs) is not None:
         validate_inputs(job.inputs, symbolic=False)
     built = _build(job, rules)
-    return _report(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs])
+    return _report(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs], fork_ranks=True,
+                   checkpoint_comparison=checkpoint_comparison)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,17 +224,23 @@ def _build(job: Job, rules: Mapping[torch._ops.OpOverload, Rule] | None) -> _Bui
 
 
 def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace],
-            specs: list[InputSpec]) -> MemoryReport:
+            specs: list[InputSpec], *, fork_ranks: bool = False, checkpoint_comparison: bool = True) -> MemoryReport:
     """Record (``trace_of``, with graphmem.trace.tracer.trace_step's arguments) each mode the job asks for, then the
-    liveness pass and the memory model on each trace."""
+    liveness pass and the memory model on each trace.  ``fork_ranks``: the distinct ranks of a
+    parallel job are recorded in worker processes (graphmem.workers) when there are cores for them;
+    ``checkpoint_comparison``: a checkpointed step is also analysed without checkpointing."""
     module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype
+
+    def record(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int,
+               kernels: CudaKernels | None) -> Trace:
+        return trace_of(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
+                        rules=built.table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
 
     def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
         kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
         what = {"train": "the training step", "inference": "inference"}.get(m, m)
         progress.show(f"recording {what}" + (f" on rank {rank}" if job.parallel is not None else ""))
-        trace = trace_of(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
-                         rules=built.table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
+        trace = record(m, config, inputs, rank, kernels)
         interrupts.check()
         progress.show(f"analysing {len(trace.ops):,} ops")
         report = build_mode_report(trace, compute_lifetimes(trace, policy), set(built.modeled))
@@ -240,11 +251,22 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
         return replace(report, allocator=model_cuda_allocator(report, *cuda, parallel=job.parallel),
                        sdpa_backends=dict(kernels.backends))
 
+    def graph(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> torch.fx.Graph:
+        """A rank's fx graph, recorded again here (it was recorded in a worker process)."""
+        return record(m, config, inputs, rank, CudaKernels(cuda[0], job.sdpa) if cuda else None).graph
+
     def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
         if job.parallel is None:
             return one(m, config, inputs, 0)
-        ranks = [RankReport(rank, alike, one(m, config, inputs, rank))
-                 for rank, alike in distinct_ranks(module, job.parallel)]
+        distinct = distinct_ranks(module, job.parallel)
+        if fork_ranks and len(distinct) > 1 and processes() > 1:  # each rank in a worker process
+            made = fork_map(lambda r: with_graph(one(m, config, inputs, r[0]), torch.fx.Graph()), distinct,
+                            what="recording a rank")
+            reports = [with_graph(report, partial(graph, m, config, inputs, rank))
+                       for report, (rank, _) in zip(made, distinct, strict=True)]
+        else:
+            reports = [one(m, config, inputs, rank) for rank, _ in distinct]
+        ranks = [RankReport(rank, alike, report) for report, (rank, alike) in zip(reports, distinct, strict=True)]
         ranks.sort(key=lambda r: (-r.report.budget_peak_bytes, r.rank))
         return replace(ranks[0].report, ranks=tuple(ranks))
 
@@ -258,7 +280,8 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
     inference = run("inference", step) if job.mode in ("inference", "both") else None
     labelled = _labels_from_ids(module, specs, step)
     train = run("train", step, labelled) if job.mode in ("train", "both") else None
-    baseline = run("train", replace(step, checkpoint=()), labelled) if train and step.checkpoint else None
+    baseline = (run("train", replace(step, checkpoint=()), labelled)
+                if train and step.checkpoint and checkpoint_comparison else None)
     if labelled and train is not None:
         note = ("training: no labels were given, so the input ids are used as labels (a copy, as causal "
                 "language-model trainers pass them); give labels=... or --loss to change it")

@@ -6,9 +6,11 @@ named ``*_bytes``; positions are int op indices ("steps").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from enum import StrEnum, unique
+
+import torch
 
 from graphmem.cuda.allocator import AllocatorStats
 from graphmem.cuda.gpus import GPU
@@ -16,7 +18,7 @@ from graphmem.job.finetune import TrainedParameters
 from graphmem.trace.records import Trace
 
 __all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "RankReport", "GenerateReport",
-           "MemoryReport"]
+           "MemoryReport", "with_graph", "without_graphs"]
 
 
 @unique
@@ -148,3 +150,22 @@ class MemoryReport:
             return None
         return self.train.peak_bytes / self.inference.peak_bytes
 
+
+
+def with_graph(mode: ModeReport, fx: torch.fx.Graph | Callable[[], torch.fx.Graph]) -> ModeReport:
+    """``mode`` with its trace's fx graph (or what builds it) set to ``fx``, and each rank's left out."""
+    ranks = tuple(replace(r, report=with_graph(r.report, torch.fx.Graph())) for r in mode.ranks)
+    return replace(mode, trace=replace(mode.trace, fx=fx), ranks=ranks)
+
+
+def without_graphs(report: MemoryReport) -> MemoryReport:
+    """``report`` with every trace's fx graph left out (a graph does not pickle: a report that
+    comes back from a worker process reads bytes, not graphs)."""
+    def maybe(mode: ModeReport | None) -> ModeReport | None:
+        return with_graph(mode, torch.fx.Graph()) if mode is not None else None
+    generate = report.generate
+    if generate is not None:
+        generate = replace(generate, prefill=with_graph(generate.prefill, torch.fx.Graph()),
+                           decode=with_graph(generate.decode, torch.fx.Graph()))
+    return replace(report, inference=maybe(report.inference), train=maybe(report.train),
+                   train_without_checkpoint=maybe(report.train_without_checkpoint), generate=generate)

@@ -134,14 +134,16 @@ def _compared_mode(report: MemoryReport, mode: str) -> ModeReport:
     return found
 
 
-def predict(job: Job, value: int | None = None) -> Prediction:
-    """Analyse ``job`` (its symbolic dimension set to ``value``) and return its peak."""
+def predict(job: Job, value: int | None = None, *, checkpoint_comparison: bool = True) -> Prediction:
+    """Analyse ``job`` (its symbolic dimension set to ``value``) and return its peak
+    (``checkpoint_comparison``: as analyze takes it)."""
     if job.generate is None and job.mode not in PREFLIGHT_MODES:
         raise UserInputError(f"unknown mode {job.mode!r}; expected one of: {', '.join(PREFLIGHT_MODES)}")
     symbol = input_symbol(job.inputs)
     if symbol is not None and value is None:
         raise AssertionError(f"predict: inputs {job.inputs} need a value for {symbol}")
-    report = analyze(replace(job, inputs=tuple(substitute(t, symbol, value or 1) for t in job.inputs)))
+    report = analyze(replace(job, inputs=tuple(substitute(t, symbol, value or 1) for t in job.inputs)),
+                     checkpoint_comparison=checkpoint_comparison)
     return Prediction(peak_of(report, job.mode), report)
 
 

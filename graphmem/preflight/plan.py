@@ -185,10 +185,9 @@ def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
     if ctx.job.generate is not None:
         return analysed_rows(ctx, [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx)])
     if ctx.mode == "train":
-        return [*analysed_rows(ctx, [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx),
-                                     *precision_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
-                                     *qlora_rows(ctx), *prune_rows(ctx)]),
-                *sharding_rows(ctx), *offload_rows(ctx)]
+        return analysed_rows(ctx, [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx),
+                                   *precision_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
+                                   *qlora_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx), *offload_rows(ctx)])
     return analysed_rows(ctx, [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
                                *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])])
 
@@ -219,7 +218,8 @@ def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | s
         best = best if best.row.fits or not other.row.fits else other
     if best.row.fits:
         return out
-    return out + sharding_rows(ctx, best) + (offload_rows(ctx, best) if "offload" not in best.row.changes else [])
+    return out + analysed_rows(ctx, [*sharding_rows(ctx, best),
+                                     *(offload_rows(ctx, best) if "offload" not in best.row.changes else [])])
 
 
 def _chain(ctx: PlanContext, picks: list[Analysed], seen: dict[str, Analysed | str]

@@ -10,7 +10,6 @@ formulas over an analysed run's bytes (formulas.py), labelled so.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from fractions import Fraction
 
 from graphmem.errors import UserInputError
@@ -26,7 +25,7 @@ from graphmem.preflight.formulas import (
     shrink_scaling,
 )
 from graphmem.preflight.ranking import eight_bit_version
-from graphmem.preflight.rows import Analysed, PlanContext, Request, analysed_row, formula_row, scaled_row
+from graphmem.preflight.rows import Analysed, PlanContext, Request, formula_row, scaled_row
 from graphmem.units import format_bytes
 
 __all__ = [
@@ -187,7 +186,7 @@ def prune_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     ]
 
 
-def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed | str]:
+def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:
     """ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 without resharding after forward over
     ``world_size`` GPUs; FSDP2 over 2, 4, 8, ... GPUs up to the first degree that fits (and
     ``world_size``); each analysed by running the engine (per GPU, the highest rank).  None when
@@ -196,36 +195,33 @@ def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed
     if ctx.job.parallel is not None or n < 2:
         return []
     base = dict(on.row.changes) if on is not None else {}
-    rows: list[Analysed | str] = [
-        analysed_row(ctx, {**base, "parallel": f"zero1={n}"}, note="communication as DDP"),
-        analysed_row(ctx, {**base, "parallel": f"fsdp={n}:keep"},
-                     note="all-gathers once per step; gradients reduce-scattered")]
+    # ZeRO-1's ranks differ (each holds other parameters' state): one recording each, started first
+    rows: list[Request | Analysed | str] = [
+        Request({**base, "parallel": f"zero1={n}"}, note="communication as DDP", first=True),
+        Request({**base, "parallel": f"fsdp={n}:keep"}, note="all-gathers once per step; gradients reduce-scattered")]
     # FSDP2 (ZeRO-3) at each power-of-two degree up to the first that fits, and at world_size
     degrees = [d for d in (2, 4, 8, 16, 32, 64, 128, 256, 512) if d < n] if on is None else []
-    for degree in [*degrees, n]:
-        row = analysed_row(ctx, {**base, "parallel": f"fsdp={degree}"},
+    return rows + [Request({**base, "parallel": f"fsdp={degree}"}, until_fit="fsdp",
                            note="1.5x DDP's communication; all-gathers in forward and backward")
-        rows.append(row)
-        if isinstance(row, Analysed) and row.row.fits:
-            break
-    return rows
+                   for degree in [*degrees, n]]
 
 
-def offload_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed | str]:
+def offload_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:
     """The optimizer step and its state on the host (ZeRO-Offload), alone or on top of ``on``:
     analysed as the device's forward and backward, the gradients leaving it at the step.  Only
     from a GPU (the CPU target is the host)."""
     changes = merge(on.row.changes if on is not None else {}, {"offload": "optimizer"})
     if changes is None or ctx.job.step.optimizer == "none" or ctx.job.device != "cuda":
         return []
-    made = analysed_row(ctx, changes)
-    if isinstance(made, str) or made.prediction is None:
-        return [made]
+    return [Request(changes, noted=_offload_note)]
+
+
+def _offload_note(made: Analysed) -> str:
+    assert made.prediction is not None, "_offload_note: an analysed row"
     moved = format_bytes(made.prediction.mode_report.params_bytes)
-    note = (f"as DeepSpeed's offload_optimizer: every optimizer step, {moved} of gradients to the host and {moved} "
+    return (f"as DeepSpeed's offload_optimizer: every optimizer step, {moved} of gradients to the host and {moved} "
             "of weights back over PCIe, and the update on the CPU (FSDP2's CPUOffloadPolicy also keeps the "
             "weights there: less on the GPU)")
-    return [Analysed(replace(made.row, note=note), made.prediction)]
 
 
 def quantization_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Analysed]:

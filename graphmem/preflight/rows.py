@@ -9,24 +9,17 @@ The remedies themselves are listed in remedies.py.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
-from graphmem import interrupts
-from graphmem.errors import GraphmemError, TraceError
+from graphmem.errors import GraphmemError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.job.parallel import parse_parallel
 from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec, substitute
-from graphmem.memory.results import MemoryReport, ModeReport
+from graphmem.memory.results import ModeReport, without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.changes import describe
 from graphmem.preflight.check import Prediction, predict
@@ -34,6 +27,7 @@ from graphmem.preflight.formulas import Scaling, scaled_peak
 from graphmem.preflight.master_weights import MASTER_WEIGHTS_OPTIMIZER
 from graphmem.preflight.model_facts import ModelFacts, pruned_factory
 from graphmem.preflight.ranking import departure, effort
+from graphmem.workers import fork_map, processes
 
 __all__ = [
     "Analysed",
@@ -46,9 +40,7 @@ __all__ = [
     "formula_row",
     "job_with",
     "recorded_samples",
-    "processes",
     "scaled_row",
-    "without_graphs",
 ]
 
 BATCH = "B"
@@ -205,7 +197,8 @@ def analysed_row(ctx: PlanContext, changes: Mapping[str, Any], *, name: str = ""
     name = name or ctx.name(changes)
     source = "analysis + formula" if changes.get("optimizer") in FORMULA_OPTIMIZERS else "analysis"
     try:
-        prediction = prediction or predict(job_with(ctx, changes))
+        # a row is its peak: the same step without checkpointing (the report's comparison) is not analysed
+        prediction = prediction or predict(job_with(ctx, changes), checkpoint_comparison=False)
     except GraphmemError as exc:
         return f"{name}: not analysed ({exc})"
     samples = recorded_samples(ctx.job.mode, int(changes.get("batch", ctx.batch or 1)),
@@ -221,80 +214,64 @@ def analysed_row(ctx: PlanContext, changes: Mapping[str, Any], *, name: str = ""
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """A row to analyse: its changes, and its name and note when not the default ones."""
+    """A row to analyse: its changes, and its name and note when not the default ones.
+
+    Attributes:
+        noted: the note, made from the analysed row (here, after the analysis).
+        first: started before the others (a recording per rank: the longest), so that the
+            worker processes end together.
+        until_fit: a group name: the group's rows after the first that fits are left out
+            (FSDP2 at each degree up to the fewest GPUs that fit; all analysed side by side).
+    """
 
     changes: Mapping[str, Any]
     name: str = ""
     note: str = ""
+    noted: Callable[[Analysed], str] | None = None
+    first: bool = False
+    until_fit: str = ""
 
 
-# the analyses a forked worker process runs (set before the pool forks: nothing is pickled in)
-_PENDING: tuple[tuple[PlanContext, Request], ...] = ()
-
-
-def _analyse(ctx: PlanContext, request: Request) -> Analysed | str:
+def _analyse(item: tuple[PlanContext, Request]) -> Analysed | str:
+    ctx, request = item
     return analysed_row(ctx, request.changes, name=request.name, note=request.note)
 
 
-def _analyse_pending(index: int) -> Analysed | str:
-    """One of ``_PENDING``, in a worker process; its reports travel back without their fx graphs."""
-    made = _analyse(*_PENDING[index])
+def _analyse_in_worker(item: tuple[PlanContext, Request]) -> Analysed | str:
+    """One request, in a worker process: its report travels back without its fx graphs."""
+    made = _analyse(item)
     if isinstance(made, str) or made.prediction is None:
         return made
     return Analysed(made.row, Prediction(made.prediction.peak_bytes, without_graphs(made.prediction.report)))
 
 
-def processes() -> int:
-    """Worker processes for independent analyses: the cores this process may use
-    (``GRAPHMEM_PROCESSES`` overrides; 1 runs them one after another)."""
-    text = os.environ.get("GRAPHMEM_PROCESSES", "")
-    if text.strip().isdigit() and int(text) >= 1:
-        return int(text)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -> list[Analysed | str]:
-    """``items`` with each Request analysed (analysed_row), in order.  With more than one core
-    the analyses run in forked worker processes, one per core: each is a recording of its own,
-    independent of the others.  Ctrl-C stops the workers at once."""
-    requests = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
-    workers = min(processes(), len(requests))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [_analyse(ctx, item) if isinstance(item, Request) else item for item in items]
-    global _PENDING
-    _PENDING = tuple((ctx, request) for request in requests.values())
-    others = set(multiprocessing.active_children())  # the caller's own child processes: left alone
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-    try:
-        pending = [pool.submit(_analyse_pending, n) for n in range(len(requests))]
-        while wait(pending, timeout=0.05).not_done:
-            interrupts.check()
-        done = dict(zip(requests, (p.result() for p in pending), strict=True))
-    except BrokenProcessPool as exc:  # a worker died (killed for memory): say so, do not hang
-        raise TraceError("a worker process analysing a plan row died (out of memory?); run with "
-                         "GRAPHMEM_PROCESSES=1 to analyse the rows one after another") from exc
-    finally:
-        for child in set(multiprocessing.active_children()) - others:  # an interrupted analysis stops now
-            child.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)  # its thread ends before the interpreter does
-        _PENDING = ()
-    return [done[i] if isinstance(item, Request) else item for i, item in enumerate(items)]
-
-
-def without_graphs(report: MemoryReport) -> MemoryReport:
-    """``report`` with every trace's fx graph left out (the plan reads bytes, not graphs; a
-    graph does not pickle)."""
-    def strip(mode: ModeReport) -> ModeReport:
-        ranks = tuple(replace(r, report=strip(r.report)) for r in mode.ranks)
-        return replace(mode, trace=replace(mode.trace, fx=torch.fx.Graph()), ranks=ranks)
-
-    def maybe(mode: ModeReport | None) -> ModeReport | None:
-        return strip(mode) if mode is not None else None
-    generate = report.generate
-    if generate is not None:
-        generate = replace(generate, prefill=strip(generate.prefill), decode=strip(generate.decode))
-    return replace(report, inference=maybe(report.inference), train=maybe(report.train),
-                   train_without_checkpoint=maybe(report.train_without_checkpoint), generate=generate)
+    """``items`` with each Request analysed (analysed_row), in order (see Request).  With more
+    than one core the analyses run in forked worker processes (graphmem.workers): each is a
+    recording of its own, independent of the others."""
+    asked = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
+    requests = sorted(asked, key=lambda i: not asked[i].first)
+    work = [(ctx, asked[i]) for i in requests]
+    if processes() <= 1 or len(work) <= 1:
+        made = [_analyse(w) for w in work]
+    else:
+        made = fork_map(_analyse_in_worker, work, what="analysing a plan row")
+    done = dict(zip(requests, made, strict=True))
+    out: list[Analysed | str] = []
+    fitted: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, Request):
+            out.append(item)
+            continue
+        if item.until_fit and item.until_fit in fitted:
+            continue
+        row = done[i]
+        if isinstance(row, Analysed) and item.noted is not None:
+            row = Analysed(replace(row.row, note=item.noted(row)), row.prediction)
+        if isinstance(row, Analysed) and row.row.fits and item.until_fit:
+            fitted.add(item.until_fit)
+        out.append(row)
+    return out
 
 
 def formula_row(ctx: PlanContext, changes: Mapping[str, Any], peak: int, *, note: str,

@@ -1,6 +1,7 @@
-"""plan analyses its independent rows in worker processes when the machine has more than one
-core (graphmem.preflight.rows.analysed_rows): the same plan as one after another, and Ctrl-C
-stops the workers with the command (exit 130)."""
+"""plan analyses its independent rows, and analyze the distinct ranks of a sharded step, in
+worker processes when the machine has more than one core (graphmem.workers): the same plan and
+the same report (graphs included) as one after another, and Ctrl-C stops the workers with the
+command (exit 130)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from graphmem.api import analyze
 from graphmem.job.job import make_job
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.plan import make_plan
+from graphmem.report.json import report_to_dict
 from tests.conftest import ROOT
 from tests.models import ZOO
 
@@ -35,6 +38,20 @@ def test_worker_processes_make_the_same_plan(monkeypatch: pytest.MonkeyPatch, mo
     assert [(r.name, r.peak_bytes, r.fits, r.source, r.note) for r in one.rows] == \
         [(r.name, r.peak_bytes, r.fits, r.source, r.note) for r in two.rows]
     assert one.skipped == two.skipped and len(one.rows) > 3
+
+
+def test_ranks_in_worker_processes_give_the_same_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = next(m for m in ZOO if m.name == "gpt")
+    reports = []
+    for count in ("1", "2"):
+        monkeypatch.setenv("GRAPHMEM_PROCESSES", count)
+        reports.append(analyze(model.build, ["4x16:int64"], mode="train", loss=model.loss, optimizer="adam",
+                               parallel="zero1=4"))
+    one, two = reports
+    assert one.train is not None and two.train is not None and len(one.train.ranks) > 1
+    assert report_to_dict(one) == report_to_dict(two)
+    # a rank recorded in a worker records its graph again here, when asked for
+    assert str(one.train.trace.graph) == str(two.train.trace.graph)
 
 
 def _children(pid: int) -> set[int]:
