@@ -35,7 +35,7 @@ from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
 from graphmem.trace.cuda_kernels import CudaKernels
 from graphmem.trace.parallel import distinct_ranks
-from graphmem.trace.record import record_step
+from graphmem.trace.record import forks_ranks, record_ranks, record_step
 from graphmem.trace.records import Phase, Trace
 from graphmem.trace.rules import Rule, RuleTable, rules_for
 from graphmem.trace.symbolic import trace_at
@@ -227,7 +227,9 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
             specs: list[InputSpec], *, fork_ranks: bool = False, checkpoint_comparison: bool = True) -> MemoryReport:
     """Record (``trace_of``, with graphmem.trace.tracer.trace_step's arguments) each mode the job asks for, then the
     liveness pass and the memory model on each trace.  ``fork_ranks``: the distinct ranks of a
-    parallel job are recorded in worker processes (graphmem.workers) when there are cores for them;
+    parallel job are recorded side by side: ZeRO-1's from one shared beginning
+    (graphmem.trace.record.record_ranks), others in worker processes (graphmem.workers) when
+    there are cores for them;
     ``checkpoint_comparison``: a checkpointed step is also analysed without checkpointing."""
     module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype
 
@@ -241,31 +243,48 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
         what = {"train": "the training step", "inference": "inference"}.get(m, m)
         progress.show(f"recording {what}" + (f" on rank {rank}" if job.parallel is not None else ""))
         trace = record(m, config, inputs, rank, kernels)
+        return analysed(trace, dict(kernels.backends) if kernels else None)
+
+    def analysed(trace: Trace, backends: dict[str, int] | None) -> ModeReport:
         interrupts.check()
         progress.show(f"analysing {len(trace.ops):,} ops")
         report = build_mode_report(trace, compute_lifetimes(trace, policy), set(built.modeled))
         interrupts.check()
         report = replace(report, assumptions=(*report.assumptions, *built.notes))
-        if cuda is None or kernels is None:  # (kernels exist exactly when cuda does)
+        if cuda is None or backends is None:  # (kernels exist exactly when cuda does)
             return report
         return replace(report, allocator=model_cuda_allocator(report, *cuda, parallel=job.parallel),
-                       sdpa_backends=dict(kernels.backends))
+                       sdpa_backends=backends)
 
     def graph(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> torch.fx.Graph:
-        """A rank's fx graph, recorded again here (it was recorded in a worker process)."""
+        """A rank's fx graph, recorded again here (it was recorded in another process)."""
         return record(m, config, inputs, rank, CudaKernels(cuda[0], job.sdpa) if cuda else None).graph
+
+    def rank_reports(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None,
+                     ranks: list[int]) -> list[ModeReport]:
+        if not fork_ranks or len(ranks) < 2:
+            return [one(m, config, inputs, rank) for rank in ranks]
+        if m == "train" and forks_ranks(job.parallel, ranks):  # ZeRO-1: the ranks share their beginning
+            progress.show(f"recording the training step on ranks {', '.join(map(str, ranks))}")
+            made = record_ranks(module, inputs or specs, ranks, step=config, device=job.device, dtype=dtype,
+                                rules=built.table, cuda=CudaKernels(cuda[0], job.sdpa) if cuda else None,
+                                assume=job.assume, parallel=job.parallel)
+            reports = [analysed(trace, backends) for trace, backends in made]
+            here = 1  # the first rank was recorded in this process: its graph is here
+        elif processes() > 1:  # each rank in a worker process
+            reports = fork_map(lambda r: with_graph(one(m, config, inputs, r), torch.fx.Graph()), ranks,
+                               what="recording a rank")
+            here = 0
+        else:
+            return [one(m, config, inputs, rank) for rank in ranks]
+        return reports[:here] + [with_graph(report, partial(graph, m, config, inputs, rank))
+                                 for report, rank in zip(reports[here:], ranks[here:], strict=True)]
 
     def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
         if job.parallel is None:
             return one(m, config, inputs, 0)
         distinct = distinct_ranks(module, job.parallel)
-        if fork_ranks and len(distinct) > 1 and processes() > 1:  # each rank in a worker process
-            made = fork_map(lambda r: with_graph(one(m, config, inputs, r[0]), torch.fx.Graph()), distinct,
-                            what="recording a rank")
-            reports = [with_graph(report, partial(graph, m, config, inputs, rank))
-                       for report, (rank, _) in zip(made, distinct, strict=True)]
-        else:
-            reports = [one(m, config, inputs, rank) for rank, _ in distinct]
+        reports = rank_reports(m, config, inputs, [rank for rank, _ in distinct])
         ranks = [RankReport(rank, alike, report) for report, (rank, alike) in zip(reports, distinct, strict=True)]
         ranks.sort(key=lambda r: (-r.report.budget_peak_bytes, r.rank))
         return replace(ranks[0].report, ranks=tuple(ranks))

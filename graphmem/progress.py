@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-__all__ = ["active", "show", "shown_on"]
+__all__ = ["active", "mute", "show", "shown_on"]
 
 _sinks: list[Callable[[str], None]] = []
 
@@ -25,6 +25,11 @@ def show(text: str) -> None:
     """Report what is being done now (one short line, no trailing period)."""
     if _sinks:
         _sinks[-1](text)
+
+
+def mute() -> None:
+    """No more lines from this process (a forked child that records beside its parent)."""
+    _sinks.clear()
 
 
 @contextlib.contextmanager

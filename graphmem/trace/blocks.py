@@ -6,7 +6,8 @@ with the stack cut to its first few blocks.  graphmem.trace.repeat records the c
 and places the other blocks' ops and storages by offset.
 
 Blocks are alike when every submodule has the same class, the same parameters and buffers
-(names, shapes, dtypes, ``requires_grad``, tensor class), no hooks, and the same plain
+(names, shapes, dtypes, ``requires_grad``, tensor class), no hooks (but torch.nn.utils.prune's,
+alike), and the same plain
 attributes, except integers (and numbers in names) that grow with the block's position
 (``layer_idx``).  The first block need not be like the others: it is recorded as it is (a
 ResNet stage's first block downsamples, T5's first holds the position bias).  A transformers
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
 __all__ = ["Stack", "find_stack", "cut_to"]
 
@@ -110,12 +112,15 @@ def _alike(blocks: list[nn.Module]) -> bool:
 
 
 def _signature(block: nn.Module) -> list[tuple[str, Any]] | None:
-    """(key, value) pairs describing ``block``; None when it has hooks (they may differ)."""
+    """(key, value) pairs describing ``block``; None when it has hooks (they may differ) other
+    than pruning's."""
     items: list[tuple[str, Any]] = []
     for name, module in block.named_modules(remove_duplicate=False):
-        if any(getattr(module, hooks, None) for hooks in _HOOKS):
+        pruning = _pruning_hooks(module)
+        if pruning is None:
             return None
         items.append((f"{name}:class", type(module)))
+        items += [(f"{name}:pruned", (type(hook), vars(hook))) for hook in pruning]
         for kind, table in (("p", module._parameters), ("b", module._buffers)):
             for key, t in table.items():
                 items.append((f"{name}.{key}:{kind}", None if t is None else
@@ -125,6 +130,16 @@ def _signature(block: nn.Module) -> list[tuple[str, Any]] | None:
                 continue
             items.append((f"{name}.{key}", value))
     return items
+
+
+def _pruning_hooks(module: nn.Module) -> list[Any] | None:
+    """``module``'s hooks when it has none but torch.nn.utils.prune's (each recomputes a weight
+    from its copy and mask, the same way in every block); None when it has any other."""
+    pre = list(getattr(module, "_forward_pre_hooks", {}).values())
+    if any(getattr(module, hooks, None) for hooks in _HOOKS if hooks != "_forward_pre_hooks") \
+            or not all(isinstance(hook, prune.BasePruningMethod) for hook in pre):
+        return None
+    return pre
 
 
 def _same_value(a: Any, b: Any, position: int) -> bool:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from graphmem import progress
@@ -21,11 +23,12 @@ from graphmem.job.spec import InputSpec
 from graphmem.job.step import StepConfig
 from graphmem.trace.blocks import Stack, cut_to, find_stack
 from graphmem.trace.cuda_kernels import CudaKernels
+from graphmem.trace.rank_fork import RankFork
 from graphmem.trace.records import Trace
 from graphmem.trace.repeat import KEEP, placed_calls, repeat_blocks, same_trace
 from graphmem.trace.tracer import trace_step
 
-__all__ = ["record_step"]
+__all__ = ["forks_ranks", "record_ranks", "record_step"]
 
 
 def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train", **keywords: Any) -> Trace:
@@ -56,6 +59,37 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
         kernels.calls.clear()
     progress.show(f"recording all {stack.length} blocks of {stack.path or 'the model'}")
     return trace_step(model, inputs, mode=mode, **keywords)
+
+
+def forks_ranks(parallel: ParallelSpec | None, ranks: Sequence[int]) -> bool:
+    """Whether record_ranks records these ranks from one shared beginning: ZeRO-1 alone (DDP's
+    ranks are alike; FSDP2, TP and PP ranks differ from the first op).  ``GRAPHMEM_FORK_RANKS=0``:
+    never (each rank recorded on its own)."""
+    return (parallel is not None and len(ranks) > 1 and {name for name, _ in parallel.degrees} == {"zero1"}
+            and parallel.parallelize is None and hasattr(os, "fork")
+            and os.environ.get("GRAPHMEM_FORK_RANKS", "1") != "0")
+
+
+def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[int], **keywords: Any
+                 ) -> list[tuple[Trace, dict[str, int] | None]]:
+    """trace_step's Trace for each of ``ranks`` of a ZeRO-1 step (forks_ranks), with the attention
+    kernels each chose on the CUDA target (``cuda``: counted anew for each).  The ranks share
+    their recording up to the first optimizer step (graphmem.trace.rank_fork); the other ranks'
+    traces come back without their fx graph."""
+    kernels: CudaKernels | None = keywords.get("cuda")
+    fork = RankFork(ranks[1:], {})
+    try:
+        trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
+    except BaseException as exc:
+        if fork.rank is not None:
+            fork.send(exc)  # a child ends here
+        fork.stop()
+        raise
+    if fork.rank is not None:
+        fork.send((replace(trace, fx=torch.fx.Graph()), dict(kernels.backends) if kernels else None))
+    others = fork.gather()
+    own = (trace, dict(kernels.backends) if kernels else None)
+    return [own, *(others[r] for r in ranks[1:])]
 
 
 def _count_placed_calls(kernels: CudaKernels, cut: Trace, stack: Stack, period: int) -> None:

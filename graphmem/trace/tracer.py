@@ -64,6 +64,7 @@ from graphmem.trace.parallel import (
     pipeline_warmup_known,
     zero_partition,
 )
+from graphmem.trace.rank_fork import RankFork
 from graphmem.trace.recorder import Recorder
 from graphmem.trace.records import Phase, Role, SymbolicSizes, Trace
 from graphmem.trace.replica import optimizer_scalar_reads
@@ -81,7 +82,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                dtype: torch.dtype | None = None,
                rules: RuleTable | None = None, cuda: CudaKernels | None = None,
                assume: Mapping[str, str] | None = None, parallel: ParallelSpec | None = None,
-               rank: int = 0, symbol: tuple[str, int] | None = None) -> Trace:
+               rank: int = 0, symbol: tuple[str, int] | None = None, fork: RankFork | None = None) -> Trace:
     """Record one inference call or ``step.iterations`` training iterations of ``model``.
 
     Args:
@@ -98,6 +99,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             for answering value reads; see graphmem.trace.values for the defaults.
         parallel: data-parallel or sharded training (graphmem.trace.parallel); the trace is
             then ``rank``'s, with a fake process group of the spec's world size.
+        fork: ZeRO-1 (graphmem.trace.rank_fork): at the first optimizer step, fork a child
+            per other rank of ``fork.ranks`` that records the rest of the step as that rank.
         symbol: (letter, value): the inputs' ``symbolic`` dimensions are recorded as one size
             symbol with that value; the trace's ``sizes`` then give its sizes at any value
             where its guards hold (graphmem.trace.symbolic).
@@ -147,6 +150,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             with _errors_explained(recorder, given), quiet_fake_tensor_logs():
                 if mode == "train":
                     _read_optimizer_values(inner, step, target, recorder, parallel, rank)
+                    if fork is not None:
+                        fork.reads = {r: _optimizer_reads(inner, step, target, parallel, r) for r in fork.ranks}
                 autocast = functools.partial(_autocast, step, target, cuda is not None)
                 with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
                         _cuda_autocast_rules(cuda is not None, step), following_resizes(recorder.resized):
@@ -156,7 +161,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                         _run_inference(applied.model if applied else model, args, kwargs, recorder, autocast)
                     elif mode == "train":
                         _run_training(applied.model if applied else model, inner, args, kwargs, recorder, step,
-                                      target, autocast, zero=bool(parallel and parallel.degree("zero1") > 1))
+                                      target, autocast, zero=bool(parallel and parallel.degree("zero1") > 1),
+                                      fork=fork)
                     else:
                         kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
                 recorder.poll(everything=True)
@@ -258,14 +264,19 @@ def _not_tracing_to_libraries() -> Iterator[None]:
 def _read_optimizer_values(model: nn.Module, step: StepConfig, device: torch.device,
                            recorder: Recorder, parallel: ParallelSpec | None = None, rank: int = 0) -> None:
     """Values the optimizer reads with .item(), from a real one-element replica (outside the modes)."""
-    ndims = [p.dim() for p in model.parameters() if p.requires_grad]
-    if parallel is not None and parallel.degree("zero1") > 1:  # the rank steps its own partition only
-        ndims = [ndims[i] for i in zero_partition(model, parallel.world_size)[rank]]
-    recorder.scalar_reads = optimizer_scalar_reads(ndims, step, device.type) if ndims else []
+    recorder.scalar_reads = _optimizer_reads(model, step, device, parallel, rank)
     if recorder.scalar_reads:
         recorder.assumptions.append(
             "optimizer step: the values its code reads (step counts and the like) come from a real run "
             "of the same optimizer on tiny parameters with finite gradients")
+
+
+def _optimizer_reads(model: nn.Module, step: StepConfig, device: torch.device, parallel: ParallelSpec | None,
+                     rank: int) -> list[Any]:
+    ndims = [p.dim() for p in model.parameters() if p.requires_grad]
+    if parallel is not None and parallel.degree("zero1") > 1:  # the rank steps its own partition only
+        ndims = [ndims[i] for i in zero_partition(model, parallel.world_size)[rank]]
+    return optimizer_scalar_reads(ndims, step, device.type) if ndims else []
 
 
 def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any], recorder: Recorder,
@@ -283,10 +294,12 @@ class _Loop:
 
     def __init__(self, model: nn.Module, inner: nn.Module, args: list[Any], kwargs: dict[str, Any],
                  recorder: Recorder, step: StepConfig, device: torch.device,
-                 autocast: Callable[[], AbstractContextManager[Any]], zero: bool = False) -> None:
+                 autocast: Callable[[], AbstractContextManager[Any]], zero: bool = False,
+                 fork: RankFork | None = None) -> None:
         self.model, self.args, self.kwargs, self.recorder, self.step = model, args, kwargs, recorder, step
         self.params = {name: p for name, p in inner.named_parameters() if p.requires_grad}
         self.opt = make_optimizer(step, list(self.params.values()), zero=zero)
+        self.fork = fork
         self.scaler = torch.amp.GradScaler(device.type) if step.amp == "fp16" else None
         self.autocast = autocast
         self.targets: list[torch.Tensor] = []  # created at the first loss, then kept like data
@@ -294,11 +307,12 @@ class _Loop:
 
 def _run_training(model: nn.Module, inner: nn.Module, args: list[Any], kwargs: dict[str, Any],
                   recorder: Recorder, step: StepConfig, device: torch.device,
-                  autocast: Callable[[], AbstractContextManager[Any]], zero: bool = False) -> None:
+                  autocast: Callable[[], AbstractContextManager[Any]], zero: bool = False,
+                  fork: RankFork | None = None) -> None:
     """Train ``model`` (the module called: ``inner`` itself or its DDP wrapper) on the
     parameters of ``inner``."""
     model.train()
-    loop = _Loop(model, inner, args, kwargs, recorder, step, device, autocast, zero)
+    loop = _Loop(model, inner, args, kwargs, recorder, step, device, autocast, zero, fork)
     # micro-steps after the second repeat it exactly (same tensors, gradients resident)
     micro_steps = min(step.grad_accum, 2)
     with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
@@ -455,6 +469,8 @@ def _cuda_autocast_rules(active: bool, step: StepConfig) -> Iterator[None]:
 
 
 def _optimizer_step(loop: _Loop) -> None:
+    if loop.fork is not None:
+        _fork_ranks(loop, loop.fork)
     recorder, opt = loop.recorder, loop.opt
     recorder.phase = Phase.OPTIMIZER
     if opt is None:
@@ -476,6 +492,23 @@ def _optimizer_step(loop: _Loop) -> None:
             if isinstance(value, torch.Tensor):
                 recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
     opt.zero_grad(set_to_none=True)
+
+
+def _fork_ranks(loop: _Loop, fork: RankFork) -> None:
+    """Where ZeRO-1's ranks start to differ: in a child, the optimizer becomes its rank's (the
+    one ZeroRedundancyOptimizer builds on that rank, reading its values)."""
+    rank = fork.split()
+    if rank is None:
+        return
+    import torch.distributed as dist
+
+    own = dist.get_rank
+    dist.get_rank = lambda group=None: rank  # what the rank's optimizer asks
+    try:
+        loop.opt = make_optimizer(loop.step, list(loop.params.values()), zero=True)
+    finally:
+        dist.get_rank = own
+    loop.recorder.scalar_reads = fork.reads[rank]
 
 
 @contextlib.contextmanager

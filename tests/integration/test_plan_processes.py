@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from graphmem.job.job import make_job
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.plan import make_plan
 from graphmem.report.json import report_to_dict
+from graphmem.trace.rank_fork import RankFork
+from graphmem.trace.repeat import same_trace
 from tests.conftest import ROOT
 from tests.models import ZOO
 
@@ -46,12 +49,40 @@ def test_ranks_in_worker_processes_give_the_same_report(monkeypatch: pytest.Monk
     for count in ("1", "2"):
         monkeypatch.setenv("GRAPHMEM_PROCESSES", count)
         reports.append(analyze(model.build, ["4x16:int64"], mode="train", loss=model.loss, optimizer="adam",
-                               parallel="zero1=4"))
+                               parallel="fsdp=3"))  # FSDP2's ranks differ where a dim 0 does not split evenly
     one, two = reports
     assert one.train is not None and two.train is not None and len(one.train.ranks) > 1
     assert report_to_dict(one) == report_to_dict(two)
     # a rank recorded in a worker records its graph again here, when asked for
     assert str(one.train.trace.graph) == str(two.train.trace.graph)
+
+
+ZERO_CASES = [dict(optimizer="adamw"), dict(optimizer="adam", optimizer_impl="foreach"),
+              dict(optimizer="sgd", optimizer_kwargs={"momentum": 0.9}), dict(optimizer="adamw", grad_accum=2),
+              dict(optimizer="adamw", device="cuda", gpu="h100-80gb")]
+
+
+@pytest.mark.parametrize("keywords", ZERO_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_zero_ranks_from_one_beginning_are_each_ranks_own_recording(monkeypatch: pytest.MonkeyPatch,
+                                                                    keywords: dict[str, object]) -> None:
+    """ZeRO-1's ranks forked at the first optimizer step (graphmem.trace.rank_fork) record what
+    each rank recorded from the start records: op for op, storage for storage, node for node."""
+    model = next(m for m in ZOO if m.name == "gpt")
+    reports, splits = [], []
+    split = RankFork.split
+    monkeypatch.setattr(RankFork, "split", lambda self: splits.append(1) or split(self))
+    for fork in ("0", "1"):
+        monkeypatch.setenv("GRAPHMEM_FORK_RANKS", fork)
+        reports.append(analyze(model.build, ["4x16:int64"], mode="train", loss=model.loss, parallel="zero1=4",
+                               **keywords))
+    alone, forked = (r.train for r in reports)
+    assert alone is not None and forked is not None and len(forked.ranks) == len(alone.ranks) > 1
+    for a, b in zip(alone.ranks, forked.ranks, strict=True):
+        assert a.rank == b.rank and same_trace(a.report.trace, b.report.trace)
+        assert str(a.report.trace.graph) == str(b.report.trace.graph)
+        assert replace(a.report, trace=None, ranks=()) == replace(b.report, trace=None, ranks=())
+    assert report_to_dict(reports[0]) == report_to_dict(reports[1])
+    assert splits, "the ranks were not forked"
 
 
 def _children(pid: int) -> set[int]:

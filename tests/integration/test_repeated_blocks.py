@@ -45,6 +45,7 @@ CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any]]] = [
     ("llama bf16 autocast", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", amp="bf16")),
     ("llama on an H100", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", device="cuda", gpu="h100-80gb")),
     ("llama lora", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", lora="r=4,alpha=8,target=q_proj,v_proj")),
+    ("llama pruned", lambda: _pruned(LLAMA()), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
     ("gpt2", _hf("GPT2LMHeadModel", "GPT2Config", vocab_size=256, n_embd=64, n_layer=LAYERS, n_head=4, n_positions=64,
                  bos_token_id=0, eos_token_id=0), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
     ("bert", _hf("BertForSequenceClassification", "BertConfig", **SMALL),
@@ -61,6 +62,14 @@ CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any]]] = [
                                                                                            batch_first=True), LAYERS),
      ["2x16x64"], dict(optimizer="adamw")),
 ]
+
+
+def _pruned(model: nn.Module) -> nn.Module:
+    """torch.nn.utils.prune on every Linear (its forward pre-hooks recompute each weight)."""
+    for module in list(model.modules()):
+        if isinstance(module, nn.Linear):
+            torch.nn.utils.prune.l1_unstructured(module, "weight", amount=0.5)
+    return model
 
 
 class _Bottleneck(nn.Module):
@@ -212,6 +221,13 @@ def test_stacks_that_are_not_alike_are_not_found() -> None:
     assert find_stack(nn.Sequential(*[nn.Linear(8, 8 if i != 3 else 9) for i in range(8)])) is None
     mixed = nn.Sequential(*[nn.Dropout(0.1 if i % 3 else 0.2) for i in range(8)])
     assert find_stack(mixed) is None  # a plain attribute differs (a sliding-window size, a rate)
+    pruned = [nn.Linear(8, 8) for _ in range(8)]
+    for i, layer in enumerate(pruned):
+        torch.nn.utils.prune.l1_unstructured(layer, "weight", amount=0.5 if i != 5 else 0.25)
+    assert find_stack(nn.Sequential(*pruned)) is None  # one block pruned by another amount
+    hooked = [nn.Linear(8, 8) for _ in range(8)]
+    hooked[2].register_forward_pre_hook(lambda module, args: None)
+    assert find_stack(nn.Sequential(*hooked)) is None  # a hook of the user's: it may differ
     stack = find_stack(nn.Sequential(nn.Linear(8, 8), nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])))
     assert stack is not None and stack.path == "1" and stack.length == 6
 

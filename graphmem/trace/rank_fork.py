@@ -1,0 +1,115 @@
+"""ZeRO-1's ranks recorded from one shared beginning.
+
+Every rank of DDP + ZeroRedundancyOptimizer runs the same forward and backward; the ranks
+differ from the first optimizer step on, where each updates (and keeps the state of) its own
+partition of the parameters.  So the step is recorded once up to that point; there the process
+forks one child per other rank, which builds that rank's optimizer and records the rest of the
+step.  What a child records is what recording its rank from the start records (the tests
+compare the two op for op); it sends its result back through a file and exits.
+
+Input: the other ranks and, per rank, the values its optimizer reads.  Output: per rank, what
+its child sent (graphmem.trace.record.record_ranks gathers them).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from graphmem import interrupts, progress
+from graphmem.errors import TraceError
+
+__all__ = ["RankFork"]
+
+
+class RankFork:
+    """The children recording the other ranks (a process manager, not a frozen record).
+
+    ``rank`` is None in the process that starts them, and the child's own rank in a child.
+    """
+
+    def __init__(self, ranks: Sequence[int], reads: Mapping[int, list[Any]]) -> None:
+        self.ranks = tuple(ranks)
+        self.reads = dict(reads)  # rank -> the scalar values its optimizer step reads
+        self.rank: int | None = None
+        self.started = False
+        self._folder = ""
+        self._path = ""  # in a child: where its result goes
+        self._children: list[tuple[int, int, str]] = []  # (pid, rank, result file)
+
+    def split(self) -> int | None:
+        """Fork a child per other rank (the first time only): None here, its rank in a child."""
+        if self.started:
+            return None
+        self.started = True
+        self._folder = tempfile.mkdtemp(prefix="graphmem-ranks-")
+        for rank in self.ranks:
+            path = os.path.join(self._folder, f"rank{rank}.pickle")
+            pid = os.fork()
+            if pid == 0:
+                self.rank, self._path, self._children = rank, path, []
+                progress.mute()  # one process speaks
+                return rank
+            self._children.append((pid, rank, path))
+        return None
+
+    def send(self, result: Any) -> NoReturn:
+        """In a child: hand ``result`` (a picklable value, or the exception that stopped it) back, and exit."""
+        assert self.rank is not None, "RankFork.send: not a child"
+        code = 0
+        try:
+            try:
+                data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # an exception that does not pickle: its message does
+                if not isinstance(result, BaseException):
+                    raise
+                data = pickle.dumps(TraceError(f"recording rank {self.rank} failed: {result}"))
+            with open(self._path + ".part", "wb") as f:
+                f.write(data)
+            os.replace(self._path + ".part", self._path)
+        except BaseException:  # nothing may leave a forked child but its exit status
+            code = 1
+        os._exit(code)
+
+    def gather(self) -> dict[int, Any]:
+        """Wait for every child; what each sent, by rank (an exception a child sent is raised here)."""
+        out: dict[int, Any] = {}
+        try:
+            while self._children:
+                pid, rank, path = self._children[0]
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if not done:
+                    interrupts.check()
+                    time.sleep(0.02)
+                    continue
+                self._children.pop(0)
+                if not os.path.exists(path):
+                    raise TraceError(f"the process recording rank {rank} died (exit status {status}, out of "
+                                     "memory?); run with GRAPHMEM_FORK_RANKS=0 to record each rank on its own")
+                with open(path, "rb") as f:
+                    out[rank] = pickle.load(f)
+        finally:
+            self.stop()
+        for result in out.values():
+            if isinstance(result, BaseException):
+                raise result
+        return out
+
+    def stop(self) -> None:
+        """End the children still running (after an error or Ctrl-C here), and remove their files."""
+        for pid, _, _ in self._children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self._children = []
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = ""
