@@ -5,7 +5,8 @@ differ from the first optimizer step on, where each updates (and keeps the state
 partition of the parameters.  So the step is recorded once up to that point; there the process
 forks one child per other rank, which builds that rank's optimizer and records the rest of the
 step.  What a child records is what recording its rank from the start records (the tests
-compare the two op for op); it sends its result back through a file and exits.
+compare the two op for op); it sends its result back through a file and exits.  No more than
+``at_once`` processes record at once (graphmem.workers.processes: one per core).
 
 Input: the other ranks and, per rank, the values its optimizer reads.  Output: per rank, what
 its child sent (graphmem.trace.record.record_ranks gathers them).
@@ -34,30 +35,48 @@ class RankFork:
     ``rank`` is None in the process that starts them, and the child's own rank in a child.
     """
 
-    def __init__(self, ranks: Sequence[int], reads: Mapping[int, list[Any]]) -> None:
+    def __init__(self, ranks: Sequence[int], reads: Mapping[int, list[Any]], at_once: int = 1) -> None:
         self.ranks = tuple(ranks)
         self.reads = dict(reads)  # rank -> the scalar values its optimizer step reads
+        self.at_once = max(1, at_once)  # processes recording at once, this one included
         self.rank: int | None = None
         self.started = False
         self._folder = ""
         self._path = ""  # in a child: where its result goes
-        self._children: list[tuple[int, int, str]] = []  # (pid, rank, result file)
+        self._children: list[tuple[int, int, str]] = []  # (pid, rank, result file), still running
+        self._ended: list[tuple[int, str, int]] = []  # (rank, result file, exit status)
 
     def split(self) -> int | None:
-        """Fork a child per other rank (the first time only): None here, its rank in a child."""
+        """Fork a child per other rank (the first time only): None here, its rank in a child.
+        Here, this waits while ``at_once`` processes record (1: each child records alone)."""
         if self.started:
             return None
         self.started = True
         self._folder = tempfile.mkdtemp(prefix="graphmem-ranks-")
         for rank in self.ranks:
+            self._wait_below(self.at_once)
             path = os.path.join(self._folder, f"rank{rank}.pickle")
             pid = os.fork()
             if pid == 0:
-                self.rank, self._path, self._children = rank, path, []
+                self.rank, self._path, self._children, self._ended = rank, path, [], []
                 progress.mute()  # one process speaks
                 return rank
             self._children.append((pid, rank, path))
+        self._wait_below(self.at_once)  # this process records its own rank now
         return None
+
+    def _wait_below(self, count: int) -> None:
+        """Wait until fewer than ``count`` children run."""
+        while len(self._children) >= count:
+            for child in list(self._children):
+                pid, rank, path = child
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self._children.remove(child)
+                    self._ended.append((rank, path, status))
+            if len(self._children) >= count:
+                interrupts.check()
+                time.sleep(0.02)
 
     def send(self, result: Any) -> NoReturn:
         """In a child: hand ``result`` (a picklable value, or the exception that stopped it) back, and exit."""
@@ -81,14 +100,8 @@ class RankFork:
         """Wait for every child; what each sent, by rank (an exception a child sent is raised here)."""
         out: dict[int, Any] = {}
         try:
-            while self._children:
-                pid, rank, path = self._children[0]
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if not done:
-                    interrupts.check()
-                    time.sleep(0.02)
-                    continue
-                self._children.pop(0)
+            self._wait_below(1)
+            for rank, path, status in self._ended:
                 if not os.path.exists(path):
                     raise TraceError(f"the process recording rank {rank} died (exit status {status}, out of "
                                      "memory?); run with GRAPHMEM_FORK_RANKS=0 to record each rank on its own")
@@ -109,7 +122,7 @@ class RankFork:
                 os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-        self._children = []
+        self._children, self._ended = [], []
         if self._folder:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = ""

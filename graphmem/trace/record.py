@@ -27,6 +27,7 @@ from graphmem.trace.rank_fork import RankFork
 from graphmem.trace.records import Trace
 from graphmem.trace.repeat import KEEP, placed_calls, repeat_blocks, same_trace
 from graphmem.trace.tracer import trace_step
+from graphmem.workers import processes
 
 __all__ = ["forks_ranks", "record_ranks", "record_step"]
 
@@ -77,7 +78,7 @@ def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[
     their recording up to the first optimizer step (graphmem.trace.rank_fork); the other ranks'
     traces come back without their fx graph."""
     kernels: CudaKernels | None = keywords.get("cuda")
-    fork = RankFork(ranks[1:], {})
+    fork = RankFork(ranks[1:], {}, at_once=processes())
     try:
         trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
     except BaseException as exc:

@@ -62,11 +62,15 @@ ZERO_CASES = [dict(optimizer="adamw"), dict(optimizer="adam", optimizer_impl="fo
               dict(optimizer="adamw", device="cuda", gpu="h100-80gb")]
 
 
-@pytest.mark.parametrize("keywords", ZERO_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+@pytest.mark.parametrize("keywords, processes", [*((k, "2") for k in ZERO_CASES), (ZERO_CASES[0], "1")],
+                         ids=[*(",".join(f"{a}={b}" for a, b in k.items()) for k in ZERO_CASES), "one at a time"])
 def test_zero_ranks_from_one_beginning_are_each_ranks_own_recording(monkeypatch: pytest.MonkeyPatch,
-                                                                    keywords: dict[str, object]) -> None:
+                                                                    keywords: dict[str, object],
+                                                                    processes: str) -> None:
     """ZeRO-1's ranks forked at the first optimizer step (graphmem.trace.rank_fork) record what
-    each rank recorded from the start records: op for op, storage for storage, node for node."""
+    each rank recorded from the start records: op for op, storage for storage, node for node;
+    side by side, or (GRAPHMEM_PROCESSES=1) each child alone."""
+    monkeypatch.setenv("GRAPHMEM_PROCESSES", processes)
     model = next(m for m in ZOO if m.name == "gpt")
     reports, splits = [], []
     split = RankFork.split
