@@ -154,7 +154,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                         fork.reads = {r: _optimizer_reads(inner, step, target, parallel, r) for r in fork.ranks}
                 autocast = functools.partial(_autocast, step, target, cuda is not None)
                 with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
-                        _cuda_autocast_rules(cuda is not None, step), following_resizes(recorder.resized):
+                        _no_op_swaps(), _cuda_autocast_rules(cuda is not None, step), \
+                        following_resizes(recorder.resized):
                     if pipeline is not None:
                         _run_pipeline(pipeline, args, kwargs, recorder, step, target, autocast)
                     elif mode == "inference":
@@ -237,6 +238,28 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
         kind = assume.get(name) or default_assumption(name, spec.dtype)
         if kind:
             recorder.shadows.assume(tensor, name, kind)
+
+
+@contextlib.contextmanager
+def _no_op_swaps() -> Iterator[None]:
+    """``module.to(dtype)`` in a forward, where the module already is in that dtype (transformers'
+    SwitchTransformers router: ``self.classifier.to(self.dtype)``).  A real run sets
+    ``param.data`` to the tensor itself; with fake parameters nn.Module swaps each parameter for
+    a new one around the same storage, which fails while anything else holds it.  A swap of two
+    tensors that are the same view of one storage changes nothing: it is skipped."""
+    original = torch.utils.swap_tensors
+
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if isinstance(t1, torch.Tensor) and isinstance(t2, torch.Tensor) and t1.dtype == t2.dtype \
+                and storage_key(t1)[0] == storage_key(t2)[0] and t1.shape == t2.shape \
+                and t1.stride() == t2.stride() and t1.storage_offset() == t2.storage_offset():
+            return
+        original(t1, t2)
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
 
 
 @contextlib.contextmanager
