@@ -5,7 +5,9 @@
   tried (GRAPHMEM_SIZE_SYMBOLS=0, the search as it was);
 - analyze --sweep over 7 sequence lengths on an H100 (one recording);
 - plan for 2x4096 tokens on an H100: the independent rows in one worker process per core
-  (the default) and one after another (GRAPHMEM_PROCESSES=1).
+  (the default) and one after another (GRAPHMEM_PROCESSES=1);
+- analyze --parallel zero1=8 (5 distinct ranks): the ranks forked at the first optimizer step
+  (the default) and each recorded from the start (GRAPHMEM_FORK_RANKS=0, one per core).
 
     python benchmarks/bench_preflight.py [--json out.json]
 """
@@ -33,6 +35,11 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
                                 "h100-80gb", "--format", "json"], {}),
     "plan, one after another": (["plan", *LLAMA, "--input", "input_ids=2x4096:int64", "--device", "cuda", "--gpu",
                                  "h100-80gb", "--format", "json"], {"GRAPHMEM_PROCESSES": "1"}),
+    "zero1=8 ranks forked": (["analyze", *LLAMA, "--input", "input_ids=2x4096:int64", "--device", "cuda", "--gpu",
+                              "h100-80gb", "--parallel", "zero1=8", "--format", "json"], {}),
+    "zero1=8 ranks each from the start": (["analyze", *LLAMA, "--input", "input_ids=2x4096:int64", "--device",
+                                           "cuda", "--gpu", "h100-80gb", "--parallel", "zero1=8", "--format",
+                                           "json"], {"GRAPHMEM_FORK_RANKS": "0"}),
 }
 
 
@@ -59,9 +66,9 @@ def run(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the numbers here")
-    parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--only", help="case names, separated by '|'")
     args = parser.parse_args()
-    chosen = {k: v for k, v in CASES.items() if not args.only or k in args.only.split(",")}
+    chosen = {k: v for k, v in CASES.items() if not args.only or k in args.only.split("|")}
     results = {name: run(*case) for name, case in chosen.items()}
     print("| case | wall s | exit | recordings | answer / rows |\n|---|---:|---:|---|---|")
     for name, r in results.items():
