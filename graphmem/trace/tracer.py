@@ -42,6 +42,7 @@ from graphmem.trace._torch_api import (
     UnsupportedOperatorException,
     backward_keeping_modes,
     expr_of,
+    is_fake,
     quiet_fake_tensor_logs,
     recording_fake_mode,
     shape_guards,
@@ -154,7 +155,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                         fork.reads = {r: _optimizer_reads(inner, step, target, parallel, r) for r in fork.ranks}
                 autocast = functools.partial(_autocast, step, target, cuda is not None)
                 with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
-                        _no_op_swaps(), _cuda_autocast_rules(cuda is not None, step), \
+                        _no_op_swaps(), _checks_pass(recorder), _cuda_autocast_rules(cuda is not None, step), \
                         following_resizes(recorder.resized):
                     if pipeline is not None:
                         _run_pipeline(pipeline, args, kwargs, recorder, step, target, autocast)
@@ -238,6 +239,43 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
         kind = assume.get(name) or default_assumption(name, spec.dtype)
         if kind:
             recorder.shadows.assume(tensor, name, kind)
+
+
+CHECK_PASSED = ("the model asserts a condition on its values (torch._check_tensor_all, as transformers' "
+                "torch_compilable_check calls it); taken to hold, as it does in every run that completes")
+
+
+@contextlib.contextmanager
+def _checks_pass(recorder: Recorder) -> Iterator[None]:
+    """``torch._check_tensor_all_with(error, cond)`` on values no shadow knows (VITS: ``all(discriminant
+    >= 0)``): the reduction runs, as in a real run; its value is taken to be true, noted once.
+    ``torch.isfinite`` of such values: true everywhere (graphmem.trace.values, finite checks)."""
+    original = torch._check_tensor_all_with
+
+    def check(error_type: Any, cond: Any, message: Any = None) -> None:
+        if isinstance(cond, torch.Tensor) and is_fake(cond) and cond.dtype == torch.bool:
+            result = cond._is_all_true()
+            if recorder.shadows.get(result) is not None:  # known: checked as torch checks it
+                torch._check_with(error_type, bool(result.item()), message)
+            elif CHECK_PASSED not in recorder.assumptions:
+                recorder.assumptions.append(CHECK_PASSED)
+            return
+        original(error_type, cond, message)
+    def finite(x: Any) -> Any:  # torch.isfinite is no single op: its ops run, and its answer is known
+        out = isfinite(x)
+        if isinstance(x, torch.Tensor) and is_fake(x) and recorder.shadows.get(x) is None and is_fake(out):
+            recorder.shadows.finite_check(out, True)
+        return out
+    isfinite, method = torch.isfinite, torch.Tensor.isfinite
+    patched = ((torch, "_check_tensor_all_with", check, original), (torch, "isfinite", finite, isfinite),
+               (torch.Tensor, "isfinite", finite, method))
+    for owner, name, new, _ in patched:
+        setattr(owner, name, new)
+    try:
+        yield
+    finally:
+        for owner, name, _, old in patched:
+            setattr(owner, name, old)
 
 
 @contextlib.contextmanager

@@ -42,6 +42,11 @@ _UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, 
 # so every layer that could be skipped runs: the worst case
 _UNIFORM = frozenset({torch.ops.aten.rand, torch.ops.aten.rand_like})
 RANDOM_DRAW = "a random draw"  # the source of the shadows of _UNIFORM's outputs
+# checks for NaN and inf (``if not torch.isfinite(x).all()``, ``assert x.isnan().sum() == 0``):
+# a run that trains or infers has none, so each answers as on finite values, whatever ``x`` is
+_FINITE_CHECKS = {torch.ops.aten.isnan: False, torch.ops.aten.isinf: False, torch.ops.aten.isposinf: False,
+                  torch.ops.aten.isneginf: False, torch.ops.aten.isfinite: True}
+FINITE = "finite values"  # the source of the shadows of _FINITE_CHECKS' outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,10 @@ class Shadows:
         """Run ``func`` on the shadows of its arguments, when they all have one."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor) \
+                and any(self.get(t) is None for t in tensors):
+            self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
+            return
         if any(self.get(t) is None for t in tensors):
             self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
             return
@@ -109,6 +118,14 @@ class Shadows:
             self._shadows[out] = _Shadow(value, frozenset({RANDOM_DRAW}))
             return
         self.attach(args, kwargs, out, self.run(func, args, kwargs))
+
+    def finite_check(self, out: torch.Tensor, value: bool) -> None:
+        """``out`` is a NaN / inf check of unknown values: ``value`` everywhere (finite values)."""
+        with unset_fake_temporarily():  # one element, expanded: no memory whatever the size
+            # (torch.ones/zeros, not torch.tensor: its lift_fresh would pass through the recorder)
+            one = torch.ones((), dtype=torch.bool) if value else torch.zeros((), dtype=torch.bool)
+            known = one.expand(tuple(hint_of(d) for d in out.shape))
+        self._shadows[out] = _Shadow(known, frozenset({FINITE}))
 
     def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
         """Drop the shadows of the arguments ``func`` writes (in place or ``out=``): a buffer
@@ -174,7 +191,10 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     if RANDOM_DRAW in used:
         notes.append("upper bound: the model reads a random draw (torch.rand, e.g. LayerDrop's `if torch.rand([]) < "
                      "layerdrop`); it was taken as its largest value, just below 1, so every layer it could skip runs")
-    for item in sorted(used - {RANDOM_DRAW}):
+    if FINITE in used:
+        notes.append("the model checks its values for NaN or inf (torch.isnan, isinf, isfinite): answered as a run "
+                     "without any answers it")
+    for item in sorted(used - {RANDOM_DRAW, FINITE}):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "
