@@ -262,16 +262,14 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
     def rank_reports(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None,
                      ranks: list[int]) -> list[ModeReport]:
-        if not fork_ranks or len(ranks) < 2:
-            return [one(m, config, inputs, rank) for rank in ranks]
-        if m == "train" and forks_ranks(job.parallel, ranks):  # ZeRO-1: the ranks share their beginning
+        if fork_ranks and m == "train" and forks_ranks(job.parallel, ranks):  # ZeRO-1: the ranks share their beginning
             progress.show(f"recording the training step on ranks {', '.join(map(str, ranks))}")
             made = record_ranks(module, inputs or specs, ranks, step=config, device=job.device, dtype=dtype,
                                 rules=built.table, cuda=CudaKernels(cuda[0], job.sdpa) if cuda else None,
                                 assume=job.assume, parallel=job.parallel)
             reports = [analysed(trace, backends) for trace, backends in made]
             here = 1  # the first rank was recorded in this process: its graph is here
-        elif processes() > 1:  # each rank in a worker process
+        elif fork_ranks and len(ranks) > 1 and processes() > 1:  # each rank in a worker process
             reports = fork_map(lambda r: with_graph(one(m, config, inputs, r), torch.fx.Graph()), ranks,
                                what="recording a rank")
             here = 0

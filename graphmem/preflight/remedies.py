@@ -195,7 +195,7 @@ def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request 
     if ctx.job.parallel is not None or n < 2:
         return []
     base = dict(on.row.changes) if on is not None else {}
-    # ZeRO-1's ranks differ (each holds other parameters' state): one recording each, started first
+    # ZeRO-1 records every distinct rank (each holds other parameters' state): the longest row, started first
     rows: list[Request | Analysed | str] = [
         Request({**base, "parallel": f"zero1={n}"}, note="communication as DDP", first=True),
         Request({**base, "parallel": f"fsdp={n}:keep"}, note="all-gathers once per step; gradients reduce-scattered")]

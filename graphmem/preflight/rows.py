@@ -252,10 +252,8 @@ def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -
     asked = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
     requests = sorted(asked, key=lambda i: not asked[i].first)
     work = [(ctx, asked[i]) for i in requests]
-    if processes() <= 1 or len(work) <= 1:
-        made = [_analyse(w) for w in work]
-    else:
-        made = fork_map(_analyse_in_worker, work, what="analysing a plan row")
+    alone = processes() <= 1 or len(work) <= 1  # here, with the graphs: no worker, nothing to pickle
+    made = fork_map(_analyse if alone else _analyse_in_worker, work, what="analysing a plan row")
     done = dict(zip(requests, made, strict=True))
     out: list[Analysed | str] = []
     fitted: set[str] = set()

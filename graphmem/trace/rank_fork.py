@@ -8,8 +8,8 @@ step.  What a child records is what recording its rank from the start records (t
 compare the two op for op); it sends its result back through a file and exits.  No more than
 ``at_once`` processes record at once (graphmem.workers.processes: one per core).
 
-Input: the other ranks and, per rank, the values its optimizer reads.  Output: per rank, what
-its child sent (graphmem.trace.record.record_ranks gathers them).
+Input: the other ranks (the tracer adds, per rank, the values its optimizer reads).  Output:
+per rank, what its child sent (graphmem.trace.record.record_ranks gathers them).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from graphmem import interrupts, progress
@@ -35,9 +35,9 @@ class RankFork:
     ``rank`` is None in the process that starts them, and the child's own rank in a child.
     """
 
-    def __init__(self, ranks: Sequence[int], reads: Mapping[int, list[Any]], at_once: int = 1) -> None:
+    def __init__(self, ranks: Sequence[int], at_once: int = 1) -> None:
         self.ranks = tuple(ranks)
-        self.reads = dict(reads)  # rank -> the scalar values its optimizer step reads
+        self.reads: dict[int, list[Any]] = {}  # rank -> the values its optimizer step reads (the tracer's)
         self.at_once = max(1, at_once)  # processes recording at once, this one included
         self.rank: int | None = None
         self.started = False

@@ -78,7 +78,7 @@ def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[
     their recording up to the first optimizer step (graphmem.trace.rank_fork); the other ranks'
     traces come back without their fx graph."""
     kernels: CudaKernels | None = keywords.get("cuda")
-    fork = RankFork(ranks[1:], {}, at_once=processes())
+    fork = RankFork(ranks[1:], at_once=processes())
     try:
         trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
     except BaseException as exc:
@@ -86,11 +86,11 @@ def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[
             fork.send(exc)  # a child ends here
         fork.stop()
         raise
+    backends = dict(kernels.backends) if kernels else None
     if fork.rank is not None:
-        fork.send((replace(trace, fx=torch.fx.Graph()), dict(kernels.backends) if kernels else None))
+        fork.send((replace(trace, fx=torch.fx.Graph()), backends))
     others = fork.gather()
-    own = (trace, dict(kernels.backends) if kernels else None)
-    return [own, *(others[r] for r in ranks[1:])]
+    return [(trace, backends), *(others[r] for r in ranks[1:])]
 
 
 def _count_placed_calls(kernels: CudaKernels, cut: Trace, stack: Stack, period: int) -> None:

@@ -261,6 +261,7 @@ def _checks_pass(recorder: Recorder) -> Iterator[None]:
                 recorder.assumptions.append(CHECK_PASSED)
             return
         original(error_type, cond, message)
+
     def finite(x: Any) -> Any:  # torch.isfinite is no single op: its ops run, and its answer is known
         out = isfinite(x)
         if isinstance(x, torch.Tensor) and is_fake(x) and recorder.shadows.get(x) is None and is_fake(out):

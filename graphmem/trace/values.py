@@ -42,10 +42,11 @@ _UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, 
 # so every layer that could be skipped runs: the worst case
 _UNIFORM = frozenset({torch.ops.aten.rand, torch.ops.aten.rand_like})
 RANDOM_DRAW = "a random draw"  # the source of the shadows of _UNIFORM's outputs
-# checks for NaN and inf (``if not torch.isfinite(x).all()``, ``assert x.isnan().sum() == 0``):
-# a run that trains or infers has none, so each answers as on finite values, whatever ``x`` is
+# checks for NaN and inf (``assert x.isnan().sum() == 0``): a run that trains or infers has none,
+# so each answers as on finite values, whatever ``x`` is.  torch.isfinite is no single op (its
+# abs, ne, eq, mul run): the tracer marks its output with finite_check itself
 _FINITE_CHECKS = {torch.ops.aten.isnan: False, torch.ops.aten.isinf: False, torch.ops.aten.isposinf: False,
-                  torch.ops.aten.isneginf: False, torch.ops.aten.isfinite: True}
+                  torch.ops.aten.isneginf: False}
 FINITE = "finite values"  # the source of the shadows of _FINITE_CHECKS' outputs
 
 
@@ -102,11 +103,11 @@ class Shadows:
         """Run ``func`` on the shadows of its arguments, when they all have one."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor) \
-                and any(self.get(t) is None for t in tensors):
+        unknown = any(self.get(t) is None for t in tensors)
+        if unknown and func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor):
             self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
             return
-        if any(self.get(t) is None for t in tensors):
+        if unknown:
             self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
             return
         if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in _UNINITIALISED:
