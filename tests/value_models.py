@@ -4,8 +4,11 @@ element the real run reaches the bound exactly; with random inputs it stays belo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class RowGate(nn.Module):
@@ -53,4 +56,122 @@ class LoopMoE(nn.Module):
         for e, expert in enumerate(self.experts):
             slot, token = torch.where(mask[e])
             out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        return out
+
+
+class ExpertLoop(nn.Module):
+    """A router's top-2 choice, then a loop over the experts hit (``nonzero``) that reads each
+    expert's index (``if e == skipped``) and names its module by it (``self.experts[f"{e}"]``),
+    as transformers' GPT-OSS-style and SwitchTransformers experts do."""
+
+    def __init__(self, dim: int = 32, experts: int = 4) -> None:
+        super().__init__()
+        self.router = nn.Linear(dim, experts)
+        self.experts = nn.ModuleDict({f"expert_{e}": nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(),
+                                                                   nn.Linear(4 * dim, dim)) for e in range(experts)})
+        self.skipped = experts  # a padding index no token is routed to
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.topk(torch.softmax(self.router(x), -1), 2, dim=-1)
+        mask = nn.functional.one_hot(chosen, len(self.experts)).permute(2, 1, 0)  # expert, slot, token
+        out = torch.zeros_like(x)
+        for hit in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
+            e = hit[0]
+            if e == self.skipped:
+                continue
+            slot, token = torch.where(mask[e])
+            out.index_add_(0, token, self.experts[f"expert_{e}"](x[token]) * weights[token, slot, None])
+        return out
+
+
+class SplitMoE(nn.Module):
+    """Top-1 routing by argmax; tokens sorted by expert and split by the expert sizes read as
+    Python numbers (``.tolist()``), as transformers' JetMoE does."""
+
+    def __init__(self, dim: int = 32, experts: int = 4) -> None:
+        super().__init__()
+        self.router = nn.Linear(dim, experts)
+        self.experts = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(experts))
+        self.out = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chosen = self.router(x).argmax(dim=-1)
+        sizes = torch.bincount(chosen, minlength=len(self.experts)).tolist()
+        order = chosen.argsort()
+        parts = x[order].split(sizes)
+        hidden = torch.cat([torch.relu(expert(part)) for expert, part in zip(self.experts, parts, strict=True)])
+        return self.out(hidden)[order.argsort()]
+
+
+class PaddedConv(nn.Module):
+    """EnCodec's padded convolution: stride, kernel size and padding kept as one-element buffers
+    computed when built, and the forward pads by their values."""
+
+    def __init__(self, kernel: int = 7, stride: int = 2) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 16, kernel, stride)
+        s, k = torch.tensor(stride, dtype=torch.int64), torch.tensor(kernel, dtype=torch.int64)
+        self.stride = nn.Buffer(s, persistent=False)
+        self.kernel_size = nn.Buffer(k, persistent=False)
+        self.padding_total = nn.Buffer(k - s, persistent=False)
+        self.out = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[-1]
+        frames = torch.ceil((length - self.kernel_size + self.padding_total) / self.stride + 1).to(torch.int64) - 1
+        extra = frames * self.stride + self.kernel_size - self.padding_total - length
+        right = self.padding_total // 2
+        left = self.padding_total - right
+        if max(left, right + extra) >= length:
+            raise ValueError("input too short to pad")
+        h = self.conv(nn.functional.pad(x, (left, right + extra), mode="reflect"))
+        return self.out(h.transpose(1, 2))
+
+
+class RandomBuffer(nn.Module):
+    """A buffer drawn at random when built, then read: its value is known to no one before the
+    run, so graphmem refuses (as it does for a buffer written by an initialiser)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.threshold = nn.Buffer(torch.rand(()) if how == "rand" else torch.zeros(()).uniform_())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if self.threshold > 0.5 else self.fc(x).relu()
+
+
+_CHOICES = {torch.ops.aten.topk.default, torch.ops.aten.argmax.default, torch.ops.aten.argmin.default,
+            torch.ops.aten.max.dim, torch.ops.aten.min.dim}
+
+
+def routed(sizes: list[int], dim: int, k: int, routing: str) -> torch.Tensor:
+    """The choices of ``--assume routing``, written out: along ``dim`` (``n`` candidates), row
+    ``r`` of the other dimensions picks, for ``j < k``, ``(r * k + j) % n`` (balanced), or
+    ``(r + j) % n`` for ``r < n`` and ``j`` after (uneven)."""
+    d = dim % len(sizes)
+    n, other = sizes[d], sizes[:d] + sizes[d + 1:]
+    rows = [[(r * k + j) % n if routing == "balanced" else (r + j) % n if r < n else j for j in range(k)]
+            for r in range(int(torch.tensor(other).prod()) if other else 1)]
+    return torch.tensor(rows, dtype=torch.int64).reshape([*other, k]).movedim(-1, d)
+
+
+class ForcedRouting(TorchDispatchMode):
+    """A real run whose top-k / argmax choices of floating-point values are those of
+    ``--assume routing``: the ground truth for a prediction made under that assumption."""
+
+    def __init__(self, routing: str) -> None:
+        super().__init__()
+        self.routing = routing
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _CHOICES and args[0].is_floating_point() and args[0].dim() > 0:
+            k, dim = (args[1], args[2] if len(args) > 2 else kwargs.get("dim", -1)) \
+                if func is torch.ops.aten.topk.default else (1, args[1] if len(args) > 1 else kwargs.get("dim"))
+            if dim is not None:
+                indices = out[1] if isinstance(out, tuple) else out
+                with torch.no_grad():
+                    indices.copy_(routed(list(args[0].shape), dim, k, self.routing).reshape(indices.shape))
         return out

@@ -123,7 +123,8 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                           "(if mask.all(), nonzero): ones, zeros, arange or an integer. Defaults: *mask* "
                           "inputs ones, position_ids arange, others zeros. nonzero=F (0 < F <= 1): sizes "
                           "that depend on values (nonzero, x[mask], unique) keep F of their most, instead "
-                          "of all (an upper bound). Repeatable."),
+                          "of all (an upper bound). routing=uneven|balanced: how top-k / argmax choices made from "
+                          "unknown values (an MoE router's) are spread; default uneven. Repeatable."),
         click.Option(["--kwargs", "model_kwargs"], type=JsonObjectType(), default=None,
                      help="JSON object of keyword arguments for the model class or factory."),
         click.Option(["--mode"], type=click.Choice(list(modes)), default=default_mode, show_default=True,

@@ -16,12 +16,13 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from graphmem.job.devices import cuda_calls_on_cpu
+from graphmem.job.values import keep_value, kept_values
 
 __all__ = ["TooLarge", "first_line", "on_cpu", "on_fake", "on_meta", "reads_values"]
 
 
 def on_meta(build: Callable[[], Any], device: str) -> Any:
-    with cuda_calls_on_cpu(device, tensors_on="meta"), torch.device("meta"):
+    with cuda_calls_on_cpu(device, tensors_on="meta"), torch.device("meta"), kept_values():
         return build()
 
 
@@ -77,6 +78,7 @@ def _moved_to_meta(model: Any) -> Any:
         if id(t) not in memo:
             empty = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
             memo[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
+            keep_value(memo[id(t)], t)
         return memo[id(t)]
 
     for module in model.modules():

@@ -15,9 +15,9 @@ import torch
 
 from graphmem.errors import UserInputError
 
-__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "GenerateSpec", "InputSpec",
-           "input_dims", "input_symbol", "parse_assumption", "parse_dtype", "parse_generate", "parse_input_spec",
-           "parse_sweep", "spec_at", "substitute", "validate_inputs"]
+__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "ROUTING", "ROUTINGS",
+           "GenerateSpec", "InputSpec", "input_dims", "input_symbol", "parse_assumption", "parse_dtype",
+           "parse_generate", "parse_input_spec", "parse_sweep", "spec_at", "substitute", "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
 DTYPE_ALIASES: dict[str, torch.dtype] = {
@@ -126,6 +126,9 @@ def parse_generate(text: str, batch: int = 1) -> GenerateSpec:
 
 # --assume nonzero=F: the fraction of their most that value-dependent sizes keep
 KEPT_FRACTION = "nonzero"
+# --assume routing=uneven|balanced: the choices top-k / argmax make on values graphmem does not have
+ROUTING = "routing"
+ROUTINGS = ("uneven", "balanced")
 
 
 def parse_assumption(text: str) -> tuple[str, str]:
@@ -142,6 +145,11 @@ def parse_assumption(text: str) -> tuple[str, str]:
             raise UserInputError(f"malformed --assume {text!r}; expected {KEPT_FRACTION}=F with F a fraction in "
                                  "(0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
         return KEPT_FRACTION, repr(fraction)
+    if name.strip() == ROUTING:
+        if value not in ROUTINGS:
+            raise UserInputError(f"malformed --assume {text!r}; expected {ROUTING}=uneven (every expert gets a token, "
+                                 "the first ones all the rest) or routing=balanced (tokens spread evenly)")
+        return ROUTING, value
     if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or value.lstrip("-").isdigit()):
         raise UserInputError(f"malformed --assume {text!r}; expected NAME=VALUE with VALUE one of "
                              f"{', '.join(ASSUMPTION_KINDS)} or an integer, e.g. attention_mask=ones")

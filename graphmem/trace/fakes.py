@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from graphmem.job.spec import InputSpec
+from graphmem.job.values import built_value
 from graphmem.trace._torch_api import FakeTensorMode, to_fake
 from graphmem.trace.records import Role
 
@@ -44,11 +45,14 @@ def fake_inputs(inputs: Sequence[InputSpec], mode: FakeTensorMode, device: torch
 
 @contextlib.contextmanager
 def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device,
-                  dtype: torch.dtype | None) -> Iterator[dict[torch.Tensor, tuple[str, Role]]]:
+                  dtype: torch.dtype | None) -> Iterator[tuple[dict[torch.Tensor, tuple[str, Role]],
+                                                               dict[torch.Tensor, torch.Tensor]]]:
     """Swap every parameter and buffer for a fake one (tied tensors stay tied); restore after.
 
-    Yields fake tensor -> (qualified name, role), parameters first.
+    Yields fake tensor -> (qualified name, role), parameters first; and fake buffer -> its
+    real value, for the buffers whose values are known (graphmem.job.values).
     """
+    values: dict[torch.Tensor, torch.Tensor] = {}
     originals: list[tuple[dict[str, Any], str, Any]] = []
     memo: dict[int, torch.Tensor] = {}
     names: dict[torch.Tensor, tuple[str, Role]] = {}
@@ -62,11 +66,15 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
                         memo[id(value)] = fake_copy(value, mode, device, dtype)
                         name = f"{prefix}.{key}" if prefix else key
                         names[memo[id(value)]] = (name, role)
+                        known = built_value(value) if role == Role.BUFFER else None
+                        if known is not None:
+                            values[memo[id(value)]] = known.to(dtype) if dtype is not None and (
+                                known.is_floating_point() or known.is_complex()) else known
                         for attribute, tensor in _carry_state(value, memo[id(value)], mode, device, memo):
                             names[tensor] = (f"{name}.{attribute}", role)
                     originals.append((table, key, value))
                     table[key] = memo[id(value)]
-        yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER))
+        yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER)), values
     finally:
         for table, key, value in reversed(originals):
             table[key] = value

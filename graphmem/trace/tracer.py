@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.parallel import ParallelSpec
-from graphmem.job.spec import KEPT_FRACTION, InputSpec
+from graphmem.job.spec import KEPT_FRACTION, ROUTING, InputSpec
 from graphmem.job.step import AMP_DTYPES, StepConfig
 from graphmem.trace import generation
 from graphmem.trace._torch_api import (
@@ -129,7 +129,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
     if parallel is not None and (parallel.shards or parallel.parallelize is not None or pipelined):
         model = meta_copy(model)  # fully_shard (and user code) changes the module's class and parameters
     with _recursion_room(), cuda_calls_on_cpu(device, tensors_on=target.type, functions=False), \
-            fake_parameters(model, fake_mode, target, dtype) as names, _process_group(parallel, rank):
+            fake_parameters(model, fake_mode, target, dtype) as (names, values), _process_group(parallel, rank):
         pipeline: _Pipeline | None = None
         if parallel is not None and pipelined:
             pipeline = _Pipeline(model, parallel, rank, fake_mode, fake_inputs(inputs, fake_mode, target, size), step)
@@ -146,6 +146,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 recorder.mark(tensor, role, name, owner=name)
             for tensor in applied.buffers if applied else ():
                 recorder.mark(tensor, Role.COMMUNICATION, "gradient buckets")
+            for tensor, value in values.items():
+                recorder.shadows.built(tensor, value)
             _declare_inputs(recorder, inputs, args, kwargs, assume or {})
             kv_bytes = 0
             with _errors_explained(recorder, given), quiet_fake_tensor_logs():
@@ -226,7 +228,8 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
     ``nonzero``, the fraction value-dependent sizes keep)."""
     if KEPT_FRACTION in assume:
         recorder.kept = float(assume[KEPT_FRACTION])
-    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - {KEPT_FRACTION}
+    recorder.shadows.routing = assume.get(ROUTING, recorder.shadows.routing)
+    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - {KEPT_FRACTION, ROUTING}
     if unknown:
         raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
                              f"inputs: {', '.join(s.name or f'input_{i}' for i, s in enumerate(specs))}")
@@ -249,7 +252,8 @@ CHECK_PASSED = ("the model asserts a condition on its values (torch._check_tenso
 def _checks_pass(recorder: Recorder) -> Iterator[None]:
     """``torch._check_tensor_all_with(error, cond)`` on values no shadow knows (VITS: ``all(discriminant
     >= 0)``): the reduction runs, as in a real run; its value is taken to be true, noted once.
-    ``torch.isfinite`` of such values: true everywhere (graphmem.trace.values, finite checks)."""
+    ``torch.isfinite`` of such values: true everywhere (graphmem.trace.values, finite checks).
+    ``format(t)`` of a one-element tensor reads its value, as a real tensor's does."""
     original = torch._check_tensor_all_with
 
     def check(error_type: Any, cond: Any, message: Any = None) -> None:
@@ -267,9 +271,11 @@ def _checks_pass(recorder: Recorder) -> Iterator[None]:
         if isinstance(x, torch.Tensor) and is_fake(x) and recorder.shadows.get(x) is None and is_fake(out):
             recorder.shadows.finite_check(out, True)
         return out
-    isfinite, method = torch.isfinite, torch.Tensor.isfinite
+    def formatted(t: torch.Tensor, spec: str) -> str:  # f"expert_{idx}": a real 0-d tensor formats its .item()
+        return format(t.item(), spec) if is_fake(t) and t.dim() == 0 else str_format(t, spec)
+    isfinite, method, str_format = torch.isfinite, torch.Tensor.isfinite, torch.Tensor.__format__
     patched = ((torch, "_check_tensor_all_with", check, original), (torch, "isfinite", finite, isfinite),
-               (torch.Tensor, "isfinite", finite, method))
+               (torch.Tensor, "isfinite", finite, method), (torch.Tensor, "__format__", formatted, str_format))
     for owner, name, new, _ in patched:
         setattr(owner, name, new)
     try:

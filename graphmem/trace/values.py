@@ -20,6 +20,7 @@ activations cannot be answered and stop the analysis with a clear message.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem.trace._torch_api import hint_of, is_fake, unset_fake_temporarily
 
-__all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT"]
+__all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT", "spread"]
 
 SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of real memory
 # factories of uninitialised memory: their values are unknown in a real run too (FSDP2's
@@ -48,6 +49,11 @@ RANDOM_DRAW = "a random draw"  # the source of the shadows of _UNIFORM's outputs
 _FINITE_CHECKS = {torch.ops.aten.isnan: False, torch.ops.aten.isinf: False, torch.ops.aten.isposinf: False,
                   torch.ops.aten.isneginf: False}
 FINITE = "finite values"  # the source of the shadows of _FINITE_CHECKS' outputs
+# choices made from values no shadow knows (an MoE router's torch.topk / argmax of its scores):
+# their indices are taken as --assume routing=uneven|balanced spreads them (Shadows.choose)
+_CHOICES = frozenset({torch.ops.aten.topk.default, torch.ops.aten.argmax.default, torch.ops.aten.argmin.default,
+                      torch.ops.aten.max.dim, torch.ops.aten.min.dim})
+BUILT = "values computed when built"  # the source of buffers' shadows (graphmem.job.values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,7 @@ class Shadows:
     def __init__(self) -> None:
         self._shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake tensor -> _Shadow
         self.used: set[str] = set()  # assumptions an answer depended on
+        self.routing = "uneven"  # how choices from unknown values are spread (choose)
 
     def assume(self, fake: torch.Tensor, name: str, kind: str) -> None:
         """Give input ``fake`` (named ``name``) the value ``kind``."""
@@ -88,6 +95,10 @@ class Shadows:
             with unset_fake_temporarily():
                 value = _make(kind, tuple(hint_of(d) for d in fake.shape), fake.dtype)
             self._shadows[fake] = _Shadow(value, frozenset({f"{name}={kind}"}))
+
+    def built(self, fake: torch.Tensor, value: torch.Tensor) -> None:
+        """Buffer ``fake`` holds ``value``, computed when the model was built."""
+        self._shadows[fake] = _Shadow(value, frozenset({BUILT}))
 
     def get(self, t: Any) -> _Shadow | None:
         """The shadow of ``t``; a real tensor (a constant the model made, such as the ``1`` of
@@ -107,6 +118,9 @@ class Shadows:
         if unknown and func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor):
             self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
             return
+        if unknown and func in _CHOICES and tensors[0].is_floating_point() and self.get(tensors[0]) is None:
+            self.choose(func, args, kwargs, out)
+            return
         if unknown:
             self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
             return
@@ -118,7 +132,26 @@ class Shadows:
                 value = below_one.expand(tuple(hint_of(d) for d in out.shape)).contiguous()
             self._shadows[out] = _Shadow(value, frozenset({RANDOM_DRAW}))
             return
-        self.attach(args, kwargs, out, self.run(func, args, kwargs))
+        try:
+            real = self.run(func, args, kwargs)
+        except Exception:  # values the real op refuses (none seen): no shadow
+            return
+        self.attach(args, kwargs, out, real)
+
+    def choose(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """The indices ``func`` (top-k, argmax or max along a dimension) picks from values no
+        shadow knows, as ``spread`` gives them."""
+        x, indices = args[0], out[1] if isinstance(out, tuple) else out
+        if func is torch.ops.aten.topk.default:
+            k, dim = args[1], args[2] if len(args) > 2 else kwargs.get("dim", -1)
+        else:
+            k, dim = 1, args[1] if len(args) > 1 else kwargs.get("dim")
+        if hint_of(indices.numel()) > SHADOW_LIMIT or x.dim() == 0 or dim is None:
+            return
+        with unset_fake_temporarily():
+            value = spread([hint_of(d) for d in x.shape], dim, hint_of(k), self.routing)
+            value = value.reshape([hint_of(s) for s in indices.shape]).to(indices.dtype)
+        self._shadows[indices] = _Shadow(value, frozenset({f"routing={self.routing}"}))
 
     def finite_check(self, out: torch.Tensor, value: bool) -> None:
         """``out`` is a NaN / inf check of unknown values: ``value`` everywhere (finite values)."""
@@ -185,6 +218,20 @@ class Shadows:
         return found
 
 
+def spread(sizes: list[int], dim: int, k: int, routing: str) -> torch.Tensor:
+    """The ``k`` indices picked along ``dim`` of a tensor of ``sizes``, for ``--assume routing``
+    (shape: ``sizes`` with ``k`` at ``dim``).  Over the ``n`` candidates, row ``r`` (the other
+    dimensions, flattened) picks, for ``j < k``: ``uneven``: ``(r + j) % n`` for the first ``n``
+    rows, so every candidate is picked, then ``j`` (the first ``k`` get nearly all);
+    ``balanced``: ``(r * k + j) % n`` (each gets its share)."""
+    d = dim % len(sizes)
+    n, other = sizes[d], sizes[:d] + sizes[d + 1:]
+    rows = torch.arange(math.prod(other)).unsqueeze(1)
+    picks = torch.arange(k).unsqueeze(0)
+    chosen = (rows * k + picks) % n if routing == "balanced" else torch.where(rows < n, (rows + picks) % n, picks)
+    return chosen.reshape([*other, k]).movedim(-1, d).contiguous()
+
+
 def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     """Assumption notes for the report, one per assumed input an answer depended on."""
     words = {"ones": "all ones (no padding)", "zeros": "all zeros", "arange": "0, 1, 2, ... (no packing)"}
@@ -195,7 +242,18 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     if FINITE in used:
         notes.append("the model checks its values for NaN or inf (torch.isnan, isinf, isfinite): answered as a run "
                      "without any answers it")
-    for item in sorted(used - {RANDOM_DRAW, FINITE}):
+    if BUILT in used:
+        notes.append("the model reads values of its buffers (a padding size, a stride): answered with the values "
+                     "its constructor computed, as a run of the model as built")
+    if "routing=uneven" in used:
+        notes.append("the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router "
+                     "picks its experts): taken as uneven as can be, every expert picked once and the first ones "
+                     "taking all the rest; a real run routes by its values, so its peak differs a little "
+                     "(--assume routing=balanced spreads them evenly)")
+    if "routing=balanced" in used:
+        notes.append("the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router "
+                     "picks experts): taken spread evenly, as declared with --assume routing=balanced")
+    for item in sorted(used - {RANDOM_DRAW, FINITE, BUILT, "routing=uneven", "routing=balanced"}):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "

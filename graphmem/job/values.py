@@ -1,0 +1,127 @@
+"""The values of the small tensors a model computes while it is built (stage 1, beside load).
+
+A model built on the meta device keeps no values, but some constructors compute constants
+their forward later reads: EnCodec's convolutions keep their stride, kernel size and padding
+as one-element buffers (``nn.Buffer(torch.tensor(k - s))``) and its forward pads by them.
+While a model is built on meta (``kept_values``), every tensor of at most ``VALUE_LIMIT``
+elements computed only from constants (``torch.tensor``, ``torch.arange``, arithmetic on
+them, ``copy_`` of a known value) also gets its real value, computed on CPU.  Random draws
+(weight initialisation) and uninitialised memory have none, nor anything computed from them.
+
+``built_value(t)`` gives a buffer's value to stage 2 (trace), which answers the forward's
+reads of it with that value, as a real run of the same model does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["VALUE_LIMIT", "built_value", "keep_value", "kept_values"]
+
+VALUE_LIMIT = 1 << 16  # elements: a value kept costs at most 512 KiB of real memory
+_BUDGET = 64 << 20  # bytes kept in all, for one build
+_VALUES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # meta tensor -> its real value (CPU)
+# factories that copy Python data; they make a meta tensor without any op the dispatcher sees
+_FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+_UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
+                            torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
+
+
+def built_value(t: torch.Tensor) -> torch.Tensor | None:
+    """The real value of ``t`` (a meta tensor made while a model was built under
+    ``kept_values``, or a small real tensor of a user's model), a copy; None when unknown."""
+    if not t.is_meta:
+        return t.detach().clone() if t.numel() <= VALUE_LIMIT and t.device.type == "cpu" else None
+    found: torch.Tensor | None = _VALUES.get(t)
+    return None if found is None else found.clone()
+
+
+def keep_value(meta: torch.Tensor, real: torch.Tensor) -> None:
+    """``meta`` stands for the real tensor ``real`` (a model built on CPU, moved to meta)."""
+    if real.numel() <= VALUE_LIMIT and real.device.type == "cpu":
+        _VALUES[meta] = real.detach().clone()
+
+
+@contextlib.contextmanager
+def kept_values() -> Iterator[None]:
+    """Keep the real values of the small constant tensors made inside (on the meta device)."""
+    keeper = _Keeper()
+    with _FromData(keeper), keeper:
+        yield
+
+
+class _Keeper(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = 0  # bytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.follow(func, args, kwargs, out)
+        return out
+
+    def follow(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Compute ``func``'s outputs for real when all its tensor arguments have a value."""
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_meta]
+        if not outs:
+            return
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        known = all(_value(t) is not None for t in tensors)
+        small = all(o.numel() <= VALUE_LIMIT for o in outs) and self.kept < _BUDGET
+        if not known or not small or func.overloadpacket in _UNINITIALISED \
+                or torch.Tag.nondeterministic_seeded in func.tags:
+            for t in outs:  # a tensor written in place with unknown values now holds them
+                _VALUES.pop(t, None)
+            return
+        real_args, real_kwargs = tree_map(_real, (tuple(args), dict(kwargs)))
+        try:
+            real = func(*real_args, **real_kwargs)
+        except Exception:  # a value we cannot compute stays unknown
+            for t in outs:
+                _VALUES.pop(t, None)
+            return
+        reals = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
+        for fake, value in zip(outs, reals, strict=False):
+            if fake not in _VALUES:
+                self.kept += value.numel() * value.element_size()
+            _VALUES[fake] = value
+
+
+class _FromData(TorchFunctionMode):
+    """``torch.tensor(data)`` on meta: its value from the same call on CPU."""
+
+    def __init__(self, keeper: _Keeper) -> None:
+        super().__init__()
+        self.keeper = keeper
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FROM_DATA and isinstance(out, torch.Tensor) and out.is_meta and out.numel() <= VALUE_LIMIT \
+                and self.keeper.kept < _BUDGET:
+            with contextlib.suppress(Exception):
+                value = func(*args, **{**kwargs, "device": "cpu"})
+                _VALUES[out] = value
+                self.keeper.kept += value.numel() * value.element_size()
+        return out
+
+
+def _value(t: torch.Tensor) -> torch.Tensor | None:
+    return _VALUES.get(t) if t.is_meta else t if t.device.type == "cpu" else None
+
+
+def _real(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return _value(a)
+    if isinstance(a, torch.device) and a.type == "meta":
+        return torch.device("cpu")
+    return a
