@@ -615,7 +615,8 @@ def first_buildable(config: Any, candidates: list[tuple[type, str]]) -> tuple[ty
 def worker(model_type: str, part: str, variants: list[int]) -> None:
     """One architecture, a JSON line per mode and part: the real CPU runs (the peak and which
     input variant ran), then graphmem's predictions of the modes that ran (``part`` "both"), or
-    the predictions alone for the given variants (``part`` "graphmem")."""
+    the predictions alone for the given variants (``part`` "graphmem"), or real runs routed as
+    graphmem assumes (``part`` "routed")."""
     try:
         build, row, choices = _architecture(model_type)
     except Exception as error:  # the architecture itself: no small config, a missing dependency
@@ -625,6 +626,14 @@ def worker(model_type: str, part: str, variants: list[int]) -> None:
         _emit(mode="build", status="not built", error=f"too large: {row['params']:,} parameters", **row)
         return
     chosen = dict(zip(choices, variants or (-1, -1), strict=True))
+    if part == "routed":  # real runs whose router choices are graphmem's default assumption
+        from tests.value_models import ForcedRouting
+
+        for mode, variant in chosen.items():
+            if variant >= 0:
+                with ForcedRouting("uneven"):
+                    _emit(part="real", mode=mode, measured=measure(build, mode, choices[mode][variant]))
+        return
     if part == "both":
         for mode in choices:
             real = _real_row(build, mode, choices[mode])
@@ -699,7 +708,9 @@ def _predicted_row(build: Callable[[], Any], mode: str, inputs: list[Input]) -> 
     try:
         report = predict_report(build, mode, inputs)
         bounds = [note for note in report.assumptions if note.startswith("upper bound")]
-        return dict(status="predicted", predicted=report.peak_bytes, bounds=bounds, seconds=time.perf_counter() - start)
+        routed = any(ROUTED in note for note in report.assumptions)
+        return dict(status="predicted", predicted=report.peak_bytes, bounds=bounds, routed=routed,
+                    seconds=time.perf_counter() - start)
     except GraphmemError as error:
         return dict(status="refused", error=_text(error), model_line=_model_line(error),
                     seconds=time.perf_counter() - start)
@@ -742,12 +753,23 @@ def _verdict(row: dict[str, Any]) -> str:
 
 
 CHECK_EVERY = "GRAPHMEM_CHECK_EVERY_STORAGE"
+ROUTED = "chooses from values graphmem does not have"  # the report's note on --assume routing
 
 
 def _explain_off(model_type: str, rows: dict[str, dict[str, Any]], timeout: float) -> None:
     """For an ``off`` row, predict again with graphmem checking every live storage after every
     op (docs/benchmarks.md): exact then means a release the recorder's linear-time check missed."""
-    variants = [row.get("variant", -1) if row["status"] == "off" else -1 for row in rows.values()]
+    routed = [row.get("variant", -1) if row["status"] == "off" and row.get("routed") else -1 for row in rows.values()]
+    if max(routed) >= 0:  # the real run again, routed as graphmem assumed (--assume routing=uneven)
+        again, why = _run_part(model_type, "routed", routed, timeout)
+        for mode, row in rows.items():
+            if row["status"] == "off" and row.get("routed"):
+                forced = again.get(("real", mode), {}).get("measured")
+                row["error"] = (f"MoE routing assumed uneven; a real run routed so: {forced:,} B, "
+                                + ("exact" if forced == row["predicted"] else "also off")) if forced is not None \
+                    else f"MoE routing assumed uneven; not rechecked: {why}"
+    variants = [row.get("variant", -1) if row["status"] == "off" and not row.get("routed") else -1
+                for row in rows.values()]
     if max(variants) < 0:
         return
     again, why = _run_part(model_type, "graphmem", variants, timeout, {CHECK_EVERY: "1"})
@@ -892,6 +914,8 @@ EXPLANATIONS: list[tuple[str, str]] = [
      "the recording take different op sequences in the vision backbone; not found yet)"),
     ("Mixing fake modes", "model code caches a tensor by shape (functools.lru_cache on position or rotary "
      "embeddings); the inference recording's fake tensor reaches the training recording"),
+    ("routing assumed uneven", "graphmem took the router's choices as --assume routing=uneven (its default) "
+     "spreads them, and a real run routed the same way is exact; the real run here routes by its random values"),
     ("upper bound", "graphmem recorded a value-dependent op at its worst case (every element kept) and "
      "says so; the real run, on random inputs, kept fewer"),
     ("_ctc_loss", "CTC loss needs the values of the target lengths, and they are not known here (not computed "
