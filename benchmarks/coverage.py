@@ -636,6 +636,7 @@ def worker(model_type: str, part: str, variants: list[int]) -> None:
         return
     if part == "both":
         for mode in choices:
+            _clear_caches()  # each real run as in a fresh process: training does not reuse inference's caches
             real = _real_row(build, mode, choices[mode])
             chosen[mode] = real.get("variant", -1)
             _emit(part="real", mode=mode, **row, **real)
@@ -910,8 +911,7 @@ EXPLANATIONS: list[tuple[str, str]] = [
     ("exact when every storage", "the step is not the same twice: the model reads a random value other than a "
      "uniform draw (a uniform draw is answered with its largest value), so the recorded step differs from the "
      "real run's"),
-    ("also off when every storage", "another cause, not the release check (sam3_vision_model: the real run and "
-     "the recording take different op sequences in the vision backbone; not found yet)"),
+    ("also off when every storage", "another cause, not the release check"),
     ("Mixing fake modes", "model code caches a tensor by shape (functools.lru_cache on position or rotary "
      "embeddings); the inference recording's fake tensor reaches the training recording"),
     ("routing assumed uneven", "graphmem took the router's choices as --assume routing=uneven (its default) "
@@ -975,7 +975,8 @@ floating-point output). graphmem predicts the same step with `device="cpu"`.
   forward that needs inputs the sweep does not make (image grids, bounding boxes, query embeddings),
   or a config the generic shrinking leaves inconsistent.
 - Real runs and graphmem run in one subprocess per architecture (every `functools.lru_cache` is
-  emptied between them); graphmem records inference, then training, as `--mode both` does.
+  emptied before each real run and before graphmem's, so a real training step does not reuse what the
+  inference call cached); graphmem records inference, then training, as `--mode both` does.
 - Analysis time: graphmem's wall time for the mode, building included, on a shared 2-core machine.
 
 {summary(rows)}

@@ -142,7 +142,9 @@ def recording_fake_mode() -> FakeTensorMode:
     (``functools.lru_cache`` on rotary or position embeddings: DINOv3, SAM 3, MaskFormer)
     hands the tensor cached while recording inference to the training recording, and a fake
     tensor of another mode is refused ("Mixing fake modes").  Each recording still gets
-    fresh fake parameters and inputs (``to_fake`` of new meta tensors)."""
+    fresh fake parameters and inputs (``to_fake`` of new meta tensors), and the model code's
+    caches are emptied before each recording (graphmem.trace.tracer), so what it caches is made
+    and counted in each mode's recording, as in a fresh process."""
     return _FakeTensorMode(rules_for("cpu").fake_kernels)  # fake tensors live on the CPU
 
 

@@ -117,6 +117,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         raise UserInputError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     step = step or StepConfig()
     recorder = Recorder(rules or rules_for(device))
+    _fresh_caches(model)
     if cuda is not None:
         cuda.position = lambda: len(recorder.ops)
     fake_mode = symbolic_fake_mode() if symbol is not None else recording_fake_mode()
@@ -212,6 +213,39 @@ def _process_group(parallel: ParallelSpec | None, rank: int) -> Iterator[None]:
         return
     with fake_process_group(parallel.world_size, rank):
         yield
+
+
+def _fresh_caches(model: nn.Module) -> None:
+    """Empty the ``functools.lru_cache``s of the model's code, as a fresh process starts: a
+    position embedding cached by shape (SAM 3, DINOv3, MaskFormer) is then made, and counted,
+    in this recording, as in a training job's first step, not handed over from the recording
+    before it.  The caches searched: those on the model's classes (methods, static methods, and
+    caches inside a decorator's closure, as transformers' compile_compatible_method_lru_cache
+    makes) and the functions of the modules that define them."""
+    seen: set[int] = set()
+
+    def clear(value: Any, depth: int = 0) -> None:
+        value = getattr(value, "__func__", value)  # staticmethod / classmethod
+        if id(value) in seen or depth > 2:
+            return
+        seen.add(id(value))
+        if isinstance(value, functools._lru_cache_wrapper):
+            value.cache_clear()
+        for cell in getattr(value, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if callable(cell.cell_contents):
+                    clear(cell.cell_contents, depth + 1)
+
+    modules = set()
+    classes = {c for m in model.modules() for c in type(m).__mro__}
+    for cls in {c for c in classes if not c.__module__.startswith(("torch", "builtins"))}:
+        modules.add(cls.__module__)
+        for value in vars(cls).values():
+            clear(value)
+    for name in modules:
+        for value in list(vars(sys.modules[name]).values()) if name in sys.modules else ():
+            if callable(value) and not isinstance(value, type):
+                clear(value)
 
 
 def _parameter_names(model: nn.Module) -> dict[torch.Tensor, tuple[str, Role]]:
