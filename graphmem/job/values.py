@@ -24,30 +24,41 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["VALUE_LIMIT", "built_value", "keep_value", "kept_values"]
+__all__ = ["UNINITIALISED", "VALUE_LIMIT", "built_value", "keep_value", "kept_values"]
 
 VALUE_LIMIT = 1 << 16  # elements: a value kept costs at most 512 KiB of real memory
 _BUDGET = 64 << 20  # bytes kept in all, for one build
 _VALUES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # meta tensor -> its real value (CPU)
 # factories that copy Python data; they make a meta tensor without any op the dispatcher sees
 _FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
-_UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
-                            torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
+# factories of uninitialised memory: no value, here or in a real run (graphmem.trace.values too)
+UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
+                           torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
+# random draws (weight initialisation, dropout): a real build draws other values
+_aten = torch.ops.aten
+_RANDOM = frozenset({
+    _aten.rand, _aten.rand_like, _aten.randn, _aten.randn_like, _aten.randint, _aten.randint_like, _aten.randperm,
+    _aten.normal, _aten.normal_, _aten.uniform, _aten.uniform_, _aten.bernoulli, _aten.bernoulli_, _aten.cauchy,
+    _aten.cauchy_, _aten.exponential, _aten.exponential_, _aten.geometric, _aten.geometric_, _aten.log_normal,
+    _aten.log_normal_, _aten.random_, _aten.multinomial, _aten.poisson, _aten.native_dropout, _aten.dropout,
+})
 
 
 def built_value(t: torch.Tensor) -> torch.Tensor | None:
     """The real value of ``t`` (a meta tensor made while a model was built under
     ``kept_values``, or a small real tensor of a user's model), a copy; None when unknown."""
-    if not t.is_meta:
-        return t.detach().clone() if t.numel() <= VALUE_LIMIT and t.device.type == "cpu" else None
-    found: torch.Tensor | None = _VALUES.get(t)
+    found = _VALUES.get(t) if t.is_meta else t.detach() if _small_on_cpu(t) else None
     return None if found is None else found.clone()
 
 
 def keep_value(meta: torch.Tensor, real: torch.Tensor) -> None:
     """``meta`` stands for the real tensor ``real`` (a model built on CPU, moved to meta)."""
-    if real.numel() <= VALUE_LIMIT and real.device.type == "cpu":
+    if _small_on_cpu(real):
         _VALUES[meta] = real.detach().clone()
+
+
+def _small_on_cpu(t: torch.Tensor) -> bool:
+    return t.numel() <= VALUE_LIMIT and t.device.type == "cpu"
 
 
 @contextlib.contextmanager
@@ -77,8 +88,7 @@ class _Keeper(TorchDispatchMode):
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         known = all(_value(t) is not None for t in tensors)
         small = all(o.numel() <= VALUE_LIMIT for o in outs) and self.kept < _BUDGET
-        if not known or not small or func.overloadpacket in _UNINITIALISED \
-                or torch.Tag.nondeterministic_seeded in func.tags:
+        if not known or not small or func.overloadpacket in UNINITIALISED or func.overloadpacket in _RANDOM:
             for t in outs:  # a tensor written in place with unknown values now holds them
                 _VALUES.pop(t, None)
             return
@@ -91,9 +101,13 @@ class _Keeper(TorchDispatchMode):
             return
         reals = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
         for fake, value in zip(outs, reals, strict=False):
-            if fake not in _VALUES:
-                self.kept += value.numel() * value.element_size()
-            _VALUES[fake] = value
+            self.keep(fake, value)
+
+    def keep(self, meta: torch.Tensor, value: torch.Tensor) -> None:
+        """``meta`` holds ``value``; counted against the budget once."""
+        if meta not in _VALUES:
+            self.kept += value.numel() * value.element_size()
+        _VALUES[meta] = value
 
 
 class _FromData(TorchFunctionMode):
@@ -109,9 +123,7 @@ class _FromData(TorchFunctionMode):
         if func in _FROM_DATA and isinstance(out, torch.Tensor) and out.is_meta and out.numel() <= VALUE_LIMIT \
                 and self.keeper.kept < _BUDGET:
             with contextlib.suppress(Exception):
-                value = func(*args, **{**kwargs, "device": "cpu"})
-                _VALUES[out] = value
-                self.keeper.kept += value.numel() * value.element_size()
+                self.keeper.keep(out, func(*args, **{**kwargs, "device": "cpu"}))
         return out
 
 

@@ -68,8 +68,7 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
                         names[memo[id(value)]] = (name, role)
                         known = built_value(value) if role == Role.BUFFER else None
                         if known is not None:
-                            values[memo[id(value)]] = known.to(dtype) if dtype is not None and (
-                                known.is_floating_point() or known.is_complex()) else known
+                            values[memo[id(value)]] = _in_dtype(known, dtype)
                         for attribute, tensor in _carry_state(value, memo[id(value)], mode, device, memo):
                             names[tensor] = (f"{name}.{attribute}", role)
                     originals.append((table, key, value))
@@ -113,10 +112,14 @@ def _carry_state(value: torch.Tensor, fake: torch.Tensor, mode: FakeTensorMode, 
 
 def fake_copy(t: torch.Tensor, mode: FakeTensorMode, device: torch.device,
               dtype: torch.dtype | None) -> torch.Tensor:
-    meta = t if t.is_meta else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    if dtype is not None and (meta.is_floating_point() or meta.is_complex()):
-        meta = meta.to(dtype)
+    meta = _in_dtype(t if t.is_meta else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"),
+                     dtype)
     fake = to_fake(mode, meta.detach(), device)
     if isinstance(t, nn.Parameter):
         return nn.Parameter(fake, requires_grad=t.requires_grad)
     return fake
+
+
+def _in_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``t`` converted as ``model.to(dtype)`` converts it: floating and complex tensors only."""
+    return t.to(dtype) if dtype is not None and (t.is_floating_point() or t.is_complex()) else t

@@ -29,15 +29,13 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from graphmem.job.spec import ROUTINGS
+from graphmem.job.values import UNINITIALISED
 from graphmem.trace._torch_api import hint_of, is_fake, unset_fake_temporarily
 
 __all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT", "spread"]
 
 SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of real memory
-# factories of uninitialised memory: their values are unknown in a real run too (FSDP2's
-# all-gather buffers are made so, then written by collectives)
-_UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
-                            torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
 # uniform draws in [0, 1): a model that reads one decides at random (LayerDrop skips a layer
 # when torch.rand() < its rate); graphmem answers with the largest value, the same every run,
 # so every layer that could be skipped runs: the worst case
@@ -118,13 +116,14 @@ class Shadows:
         if unknown and func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor):
             self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
             return
-        if unknown and func in _CHOICES and tensors[0].is_floating_point() and self.get(tensors[0]) is None:
+        if unknown and func in _CHOICES and tensors[0].is_floating_point():  # its one tensor is unknown
             self.choose(func, args, kwargs, out)
             return
         if unknown:
             self._forget_written(func, args, kwargs)  # an op on unknown values overwrote them
             return
-        if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in _UNINITIALISED:
+        # uninitialised memory is unknown in a real run too (FSDP2's all-gather buffers, then written by collectives)
+        if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in UNINITIALISED:
             return
         if func.overloadpacket in _UNIFORM and isinstance(out, torch.Tensor) and out.is_floating_point():
             with unset_fake_temporarily():
@@ -151,7 +150,7 @@ class Shadows:
         with unset_fake_temporarily():
             value = spread([hint_of(d) for d in x.shape], dim, hint_of(k), self.routing)
             value = value.reshape([hint_of(s) for s in indices.shape]).to(indices.dtype)
-        self._shadows[indices] = _Shadow(value, frozenset({f"routing={self.routing}"}))
+        self._shadows[indices] = _Shadow(value, frozenset({_routed(self.routing)}))
 
     def finite_check(self, out: torch.Tensor, value: bool) -> None:
         """``out`` is a NaN / inf check of unknown values: ``value`` everywhere (finite values)."""
@@ -232,6 +231,21 @@ def spread(sizes: list[int], dim: int, k: int, routing: str) -> torch.Tensor:
     return chosen.reshape([*other, k]).movedim(-1, d).contiguous()
 
 
+def _routed(routing: str) -> str:
+    """The source of the shadows ``choose`` makes under ``routing``."""
+    return f"routing={routing}"
+
+
+_ROUTING_NOTES = {
+    "uneven": "the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router picks its "
+              "experts): taken as uneven as can be, every expert picked once and the first ones taking all the rest; "
+              "a real run routes by its values, so its peak differs a little (--assume routing=balanced spreads them "
+              "evenly)",
+    "balanced": "the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router picks "
+                "experts): taken spread evenly, as declared with --assume routing=balanced",
+}
+
+
 def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     """Assumption notes for the report, one per assumed input an answer depended on."""
     words = {"ones": "all ones (no padding)", "zeros": "all zeros", "arange": "0, 1, 2, ... (no packing)"}
@@ -245,15 +259,8 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     if BUILT in used:
         notes.append("the model reads values of its buffers (a padding size, a stride): answered with the values "
                      "its constructor computed, as a run of the model as built")
-    if "routing=uneven" in used:
-        notes.append("the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router "
-                     "picks its experts): taken as uneven as can be, every expert picked once and the first ones "
-                     "taking all the rest; a real run routes by its values, so its peak differs a little "
-                     "(--assume routing=balanced spreads them evenly)")
-    if "routing=balanced" in used:
-        notes.append("the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router "
-                     "picks experts): taken spread evenly, as declared with --assume routing=balanced")
-    for item in sorted(used - {RANDOM_DRAW, FINITE, BUILT, "routing=uneven", "routing=balanced"}):
+    notes += [_ROUTING_NOTES[routing] for routing in ROUTINGS if _routed(routing) in used]
+    for item in sorted(used - {RANDOM_DRAW, FINITE, BUILT, *map(_routed, ROUTINGS)}):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "
