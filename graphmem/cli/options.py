@@ -121,8 +121,9 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--assume", "assumptions"], multiple=True, metavar="NAME=VALUE",
                      help="Value of an integer input, used only where the model reads values "
                           "(if mask.all(), nonzero): ones, zeros, arange or an integer. Defaults: *mask* "
-                          "inputs ones, position_ids arange, others zeros. nonzero=F (0 < F <= 1): sizes "
-                          "that depend on values (nonzero, x[mask], unique) keep F of their most, instead "
+                          "inputs ones, position_ids arange, others zeros. nonzero=F (0 <= F <= 1): sizes "
+                          "that depend on values (nonzero, x[mask], unique, LLM.int8's outlier columns) keep F of "
+                          "their most, instead "
                           "of all (an upper bound). routing=uneven|balanced: how top-k / argmax choices made from "
                           "unknown values (an MoE router's) are spread; default uneven. Repeatable."),
         click.Option(["--kwargs", "model_kwargs"], type=JsonObjectType(), default=None,
@@ -162,9 +163,10 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                           "rest is frozen, e.g. r=16,alpha=32,target=q_proj,v_proj[,dropout=0.05] "
                           "(target=all-linear: every linear layer). Needs pip install 'graphmem[lora]'."),
         click.Option(["--quantize-base"], type=click.Choice(list(QUANTIZED_BASES)), default=None,
-                     help="QLoRA, with --lora: the base model's linear layers in 4 bits, as transformers loads "
-                          "them with a BitsAndBytesConfig (nf4-dq: double-quantized scales); the compute dtype "
-                          "is --dtype. Needs pip install 'graphmem[qlora]'."),
+                     help="QLoRA, with --lora: the base model's linear layers in 4 or 8 bits, as transformers "
+                          "loads them with a BitsAndBytesConfig (nf4-dq: double-quantized scales; int8: "
+                          "LLM.int8, load_in_8bit); the compute dtype is --dtype. Needs pip install "
+                          "'graphmem[qlora]'."),
         click.Option(["--dtype"], type=click.Choice(MODEL_DTYPES), default=None,
                      help="Convert the model's floating parameters and buffers, as model.to(dtype)."),
         click.Option(["--device"], type=click.Choice(DEVICES), default=None,

@@ -33,9 +33,14 @@ ALL_BUT = "all-but:"  # --freeze all-but:PATTERN freezes every parameter the pat
 LORA_KEYS = ("r", "alpha", "target", "dropout")
 _PEFT_HINT = "pip install 'graphmem[lora]'"
 _QLORA_HINT = "pip install 'graphmem[qlora]'"
-# --quantize-base: the base weights as transformers' BitsAndBytesConfig loads them
-# (kind -> load_in_4bit's bnb_4bit_quant_type and bnb_4bit_use_double_quant)
-QUANTIZED_BASES: dict[str, tuple[str, bool]] = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False)}
+# --quantize-base: the base weights as transformers loads them, kind -> its BitsAndBytesConfig
+# (4-bit: the compute dtype is the job's dtype; int8: LLM.int8 with its defaults, threshold 6.0)
+QUANTIZED_BASES: dict[str, dict[str, Any]] = {
+    "nf4": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+    "nf4-dq": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True},
+    "fp4": {"load_in_4bit": True, "bnb_4bit_quant_type": "fp4"},
+    "int8": {"load_in_8bit": True},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +135,8 @@ def _require_peft() -> None:
 
 
 def parse_quantize_base(kind: str | None) -> str | None:
-    """``nf4`` / ``nf4-dq`` (double quantization) / ``fp4``, checked; bitsandbytes, transformers
-    and peft must be installed.
+    """``nf4`` / ``nf4-dq`` (double quantization) / ``fp4`` / ``int8`` (LLM.int8), checked;
+    bitsandbytes, transformers and peft must be installed.
 
     Raises:
         UserInputError: an unknown kind, or a package missing.
@@ -140,7 +145,7 @@ def parse_quantize_base(kind: str | None) -> str | None:
         return None
     if kind not in QUANTIZED_BASES:
         raise UserInputError(f"--quantize-base {kind!r}: expected one of: {', '.join(QUANTIZED_BASES)} "
-                             "(nf4-dq: nf4 with double quantization of the scales)")
+                             "(nf4-dq: nf4 with double quantization of the scales; int8: LLM.int8)")
     for package in ("bitsandbytes", "transformers", "peft"):
         try:
             with _quiet_logger("bitsandbytes"):  # its notes on optional CPU kernels, at import
@@ -188,8 +193,9 @@ def prepare_finetuning(module: nn.Module, freeze: Sequence[str], lora: LoraSpec 
             before ``get_peft_model`` (peft then keeps the adapters in float32).
         dtype: the job's dtype, applied here only with ``lora``.
         quantize: a QUANTIZED_BASES kind: before LoRA, the linear layers become bitsandbytes'
-            4-bit ones as ``from_pretrained(..., quantization_config=BitsAndBytesConfig(
-            load_in_4bit=True, ...))`` loads them (compute dtype: ``dtype``), frozen.
+            4-bit or 8-bit ones as ``from_pretrained(..., quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, ...))`` (compute dtype: ``dtype``) or ``load_in_8bit=True``
+            loads them, frozen.
 
     Returns:
         The module to trace: ``module`` or its copy, changed.
@@ -303,13 +309,12 @@ def _quantize_base(module: nn.Module, kind: str, dtype: torch.dtype) -> None:
     last weights), then each new weight loaded in ``dtype`` and quantized by bitsandbytes on
     the meta device, as from_pretrained quantizes each loaded weight.  In place."""
     with _quiet_logger("bitsandbytes"):
-        from bitsandbytes.nn.modules import Linear4bit, Params4bit
+        from bitsandbytes.nn.modules import Int8Params, Linear4bit, Linear8bitLt, Params4bit
     from transformers import BitsAndBytesConfig, PreTrainedModel
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
 
-    quant_type, double = QUANTIZED_BASES[kind]
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_compute_dtype=dtype,
-                                bnb_4bit_use_double_quant=double)
+    eight_bit = QUANTIZED_BASES[kind].get("load_in_8bit", False)
+    config = BitsAndBytesConfig(**QUANTIZED_BASES[kind], **({} if eight_bit else {"bnb_4bit_compute_dtype": dtype}))
     skip: list[str] = []
     if isinstance(module, PreTrainedModel):
         from transformers.quantizers.base import HfQuantizer
@@ -317,15 +322,20 @@ def _quantize_base(module: nn.Module, kind: str, dtype: torch.dtype) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bitsandbytes' notes on optional CPU kernels
         replace_with_bnb_linear(module, modules_to_not_convert=skip, quantization_config=config)
-        layers = [m for m in module.modules() if isinstance(m, Linear4bit)]
+        layers = [m for m in module.modules() if isinstance(m, Linear8bitLt if eight_bit else Linear4bit)]
         if not layers:
             raise UserInputError(f"--quantize-base {kind}: the model has no linear layer to quantize")
         for layer in layers:
             loaded = torch.empty(layer.weight.shape, dtype=dtype, device="meta")
-            attributes = {k: v for k, v in vars(layer.weight).items() if k != "bnb_quantized"}
-            layer.weight = Params4bit(loaded, requires_grad=False, **attributes)._quantize("meta")
+            if eight_bit:  # row-wise int8 (CB, the weight's own storage) and a float32 scale per row (SCB)
+                attributes = {k: v for k, v in vars(layer.weight).items() if k not in ("CB", "SCB")}
+                layer.weight = Int8Params(loaded, requires_grad=False, **attributes)._quantize("meta")
+            else:
+                attributes = {k: v for k, v in vars(layer.weight).items() if k != "bnb_quantized"}
+                layer.weight = Params4bit(loaded, requires_grad=False, **attributes)._quantize("meta")
+                # inference as on a GPU: not the weight repacked for AVX512-BF16 CPUs' fused kernel
+                layer.support_avx512bf16_for_cpu = False
             if layer.bias is not None:
                 layer.bias = nn.Parameter(torch.empty_like(layer.bias, dtype=dtype), requires_grad=False)
-            # inference as on a GPU: not the weight repacked for AVX512-BF16 CPUs' fused kernel
-            layer.support_avx512bf16_for_cpu = False
-    module.is_loaded_in_4bit = True  # type: ignore[assignment]  # as from_pretrained marks it; peft reads it
+    # as from_pretrained marks the model; peft reads it
+    setattr(module, "is_loaded_in_8bit" if eight_bit else "is_loaded_in_4bit", True)

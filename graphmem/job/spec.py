@@ -132,8 +132,9 @@ ROUTINGS = ("uneven", "balanced")
 
 
 def parse_assumption(text: str) -> tuple[str, str]:
-    """``NAME=ones|zeros|arange|INT`` -> (name, value); or ``nonzero=F``, F in (0, 1]: the
-    fraction of their most that value-dependent sizes (nonzero, masks, unique) keep."""
+    """``NAME=ones|zeros|arange|INT`` -> (name, value); or ``nonzero=F``, F in [0, 1]: the
+    fraction of their most that value-dependent sizes (nonzero, masks, unique, LLM.int8's
+    outlier columns) keep."""
     name, sep, value = text.partition("=")
     value = value.strip().lower()
     if name.strip() == KEPT_FRACTION:
@@ -141,9 +142,9 @@ def parse_assumption(text: str) -> tuple[str, str]:
             fraction = float(value)
         except ValueError:
             fraction = -1.0
-        if not 0 < fraction <= 1:
+        if not 0 <= fraction <= 1:
             raise UserInputError(f"malformed --assume {text!r}; expected {KEPT_FRACTION}=F with F a fraction in "
-                                 "(0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
+                                 "[0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
         return KEPT_FRACTION, repr(fraction)
     if name.strip() == ROUTING:
         if value not in ROUTINGS:

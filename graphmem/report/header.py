@@ -23,8 +23,14 @@ from graphmem.trace.records import Phase, Role
 
 __all__ = ["optimizer_implementation", "parameter_count", "render_header"]
 
-# a 4-bit weight's quantization state (bitsandbytes' QuantState) is held as "<weight>.quant_state.*"
+# a quantized weight's scales are held as "<weight>.quant_state.*" (bitsandbytes' 4-bit
+# QuantState) or "<weight>.SCB" (its int8 weights' row scales)
 _QUANT_STATE = ".quant_state."
+_INT8_SCALES = ".SCB"
+
+
+def _is_scale(label: str) -> bool:
+    return _QUANT_STATE in label or label.endswith(_INT8_SCALES)
 
 
 def parameter_count(mode: ModeReport) -> dict[str, int]:
@@ -33,7 +39,7 @@ def parameter_count(mode: ModeReport) -> dict[str, int]:
     held = [s for s in mode.trace.storages if Role.PARAMETER in s.roles]
     quantized = {s.label.partition(_QUANT_STATE)[0] for s in held if _QUANT_STATE in s.label}
     for storage in held:
-        if _QUANT_STATE in storage.label:
+        if _is_scale(storage.label):
             continue  # a quantized weight's scales: bytes of the weights, not parameters
         if storage.label in quantized and storage.dtype == "uint8":
             counts["4-bit"] = counts.get("4-bit", 0) + 2 * storage.nbytes  # two to a byte

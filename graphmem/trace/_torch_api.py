@@ -229,14 +229,18 @@ def autograd_sequence_nr() -> int:
 @contextlib.contextmanager
 def quiet_fake_tensor_logs() -> Iterator[None]:
     """Silence FakeTensor's own error log (a traceback per failing meta kernel); graphmem
-    reports the failure itself, in one line."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    reports the failure itself, in one line.  Also bitsandbytes' warning, at every int8
+    matmul, that it casts its input to float16 (true of the real run too, and not a memory
+    fact the report leaves out: the cast is recorded)."""
+    loggers = [logging.getLogger(name) for name in ("torch._subclasses.fake_tensor", "bitsandbytes")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def is_fake(t: torch.Tensor) -> bool:

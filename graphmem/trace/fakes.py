@@ -81,9 +81,11 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
 
 def _carry_state(value: torch.Tensor, fake: torch.Tensor, mode: FakeTensorMode, device: torch.device,
                  memo: dict[int, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """A quantized weight (bitsandbytes' Params4bit) keeps its quantization state in Python
-    attributes: a QuantState of tensors (scales, code book, nested state).  The fake weight
-    gets the same attributes, each tensor in them a fake copy (shared ones stay shared).
+    """A quantized weight (bitsandbytes' Params4bit, Int8Params) keeps its quantization state
+    in Python attributes: a QuantState of tensors (scales, code book, nested state), or the
+    int8 weight itself (``CB``, the weight's own storage) and its scales (``SCB``).  The fake
+    weight gets the same attributes, each tensor in them a fake copy (shared ones stay shared;
+    one on the weight's own storage is the fake weight).
 
     Returns (attribute path, fake tensor) for each tensor copied: they are held like the weight.
     """
@@ -93,6 +95,8 @@ def _carry_state(value: torch.Tensor, fake: torch.Tensor, mode: FakeTensorMode, 
 
     def fake_of(item: Any, path: str, depth: int) -> Any:
         if isinstance(item, torch.Tensor):
+            if item.untyped_storage()._cdata == value.untyped_storage()._cdata:
+                return fake
             if id(item) not in memo:
                 memo[id(item)] = fake_copy(item, mode, device, None)
                 copied.append((path, memo[id(item)]))

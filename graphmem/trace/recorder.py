@@ -69,6 +69,10 @@ _SIZE_QUERIES = frozenset(getattr(packet, overload) for packet in (
 _PROGRESS_EVERY = 4096  # recorded ops between progress lines
 # what a value-dependent op is called in a note
 _BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique"}
+# bitsandbytes' LLM.int8 ops whose outlier columns are bounded (graphmem.trace.rules.quantized)
+_INT8_OUTLIER_OPS = frozenset({"int8_vectorwise_quant", "int8_double_quant", "int8_mixed_scaled_mm"})
+_INT8_OUTLIERS = ("LLM.int8 computes the input columns holding a value past its threshold (6.0) in 16 bits, "
+                  "and how many there are depends on values; ")
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # ops whose real kernel returns its input tensor itself, where the fake kernel makes a new one
@@ -436,14 +440,21 @@ class Recorder(TorchDispatchMode):
         self.bounded = True
         outs = tuple(torch.empty(shape, dtype=dtype)
                      for shape, (_, dtype) in zip(bound.shapes(count), bound.outputs, strict=True))
-        name, module = _BOUNDED_NAMES.get(func.__name__.split(".")[0], func.__name__.split(".")[0]), self.pending[1]
-        where = f"{name} in {module}" if module else name
-        if self.kept is None:
-            note = (f"upper bound: {where} depends on values; recorded keeping all {count:,} elements, the most "
-                    "it can (declare a fraction with --assume nonzero=0.5)")
+        op = func.__name__.split(".")[0]
+        if op in _INT8_OUTLIER_OPS:  # one note for every int8 layer
+            note = ("upper bound (int8 base): " + _INT8_OUTLIERS + "recorded with every column an outlier, the "
+                    "most there can be (declare a fraction with --assume nonzero=0.5)" if self.kept is None else
+                    f"int8 base: {_INT8_OUTLIERS}recorded with {self.kept:g} of the columns outliers, as declared "
+                    f"with --assume nonzero={self.kept:g}")
         else:
-            note = (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
-                    f"as declared with --assume nonzero={self.kept:g}")
+            name, module = _BOUNDED_NAMES.get(op, op), self.pending[1]
+            where = f"{name} in {module}" if module else name
+            if self.kept is None:
+                note = (f"upper bound: {where} depends on values; recorded keeping all {count:,} elements, the most "
+                        "it can (declare a fraction with --assume nonzero=0.5)")
+            else:
+                note = (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
+                        f"as declared with --assume nonzero={self.kept:g}")
         if note not in self.assumptions:
             self.assumptions.append(note)
         return outs[0] if len(outs) == 1 else outs

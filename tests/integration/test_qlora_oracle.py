@@ -32,7 +32,14 @@ CONFIG: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_
                               num_key_value_heads=2, vocab_size=128, bos_token_id=0, eos_token_id=0)
 IDS = "input_ids=2x16:int64"
 LORA = "r=8,alpha=16,target=q_proj,v_proj"
-KINDS = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False)}
+# each --quantize-base kind as a QLoRA script writes its BitsAndBytesConfig
+KINDS: dict[str, dict[str, Any]] = {
+    "nf4": dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16),
+    "nf4-dq": dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                   bnb_4bit_compute_dtype=torch.bfloat16),
+    "fp4": dict(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype=torch.bfloat16),
+    "int8": dict(load_in_8bit=True),  # LLM.int8, threshold 6.0
+}
 
 
 def _save(path: Path, config: dict[str, Any]) -> Path:
@@ -47,15 +54,19 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _save(tmp_path_factory.mktemp("llama"), CONFIG)
 
 
-def _qlora(path: Path, kind: str, config: dict[str, Any] = CONFIG) -> Callable[[], torch.nn.Module]:
-    quant_type, double = KINDS[kind]
+def _qlora(path: Path, kind: str, config: dict[str, Any] = CONFIG, norm_scale: float = 1.0
+           ) -> Callable[[], torch.nn.Module]:
+    """norm_scale: every RMSNorm weight multiplied by it after loading (large ones make LLM.int8's
+    outlier columns: activations past its threshold)."""
 
     def build() -> torch.nn.Module:
-        config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
-                                                 bnb_4bit_use_double_quant=double,
-                                                 bnb_4bit_compute_dtype=torch.bfloat16)
+        config = transformers.BitsAndBytesConfig(**KINDS[kind])
         model = transformers.LlamaForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu",
                                                               dtype=torch.bfloat16)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.mul_(norm_scale)
         lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
         wrapped: torch.nn.Module = peft.get_peft_model(model, lora)
         for layer in wrapped.modules():
@@ -66,7 +77,8 @@ def _qlora(path: Path, kind: str, config: dict[str, Any] = CONFIG) -> Callable[[
 
 
 def _quantization_state(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Every tensor in the 4-bit weights' QuantState (and its nested state)."""
+    """Every tensor in the 4-bit weights' QuantState (and its nested state), and the int8
+    weights' row scales (SCB; the int8 weight CB is the parameter's own storage)."""
     found: list[torch.Tensor] = []
 
     def walk(value: Any, depth: int) -> None:
@@ -79,6 +91,8 @@ def _quantization_state(model: torch.nn.Module) -> list[torch.Tensor]:
     for param in model.parameters():
         if isinstance(param, bnb.nn.Params4bit):
             walk(param.quant_state, 0)
+        if isinstance(param, bnb.nn.Int8Params) and param.SCB is not None:
+            found.append(param.SCB)
     return found
 
 
@@ -126,14 +140,56 @@ def test_qlora_inference_matches_real_execution(checkpoint: Path) -> None:
     assert report.inference is not None and report.inference.peak_bytes == measured.peak_bytes
 
 
+def _outlier_columns(model: torch.nn.Module) -> int:
+    """Outlier columns LLM.int8 found in the last forward, over all its layers (bitsandbytes
+    keeps their indices in each layer's state)."""
+    return sum(m.state.idx.numel() for m in model.modules()
+               if isinstance(m, bnb.nn.Linear8bitLt) and getattr(m.state, "idx", None) is not None)
+
+
+def _int8_inference(checkpoint: Path, norm_scale: float, assume: dict[str, str] | None = None) -> tuple[int, int, Any]:
+    """(real peak, outlier columns of the real run, graphmem's inference report)."""
+    models: list[torch.nn.Module] = []
+
+    def build() -> torch.nn.Module:
+        models.append(_qlora(checkpoint, "int8", norm_scale=norm_scale)())
+        return models[-1]
+
+    measured = measure_inference(build, [], kw_inputs={"input_ids": _ids()}, also_held=_quantization_state)
+    report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="inference",
+                              dtype="bf16", lora=LORA, quantize_base="int8", assume=assume)
+    assert report.inference is not None
+    return measured.peak_bytes, _outlier_columns(models[-1]), report.inference
+
+
+def test_int8_inference_without_outliers_matches_real_execution(checkpoint: Path) -> None:
+    """LLM.int8's outlier columns depend on values; declared none (--assume nonzero=0), the
+    prediction equals a real run that had none, to the byte."""
+    real, outliers, predicted = _int8_inference(checkpoint, 1.0, {"nonzero": "0"})
+    assert outliers == 0
+    assert predicted.peak_bytes == real
+    assert any("--assume nonzero=0" in a for a in predicted.assumptions)
+
+
+@pytest.mark.parametrize("norm_scale", [1.0, 10.0, 40.0])
+def test_int8_inference_is_an_upper_bound_of_real_runs_with_outliers(checkpoint: Path, norm_scale: float) -> None:
+    """By default every column counts as an outlier: never below a real run, however many
+    outliers it has (none; some; nearly all, with norms scaled by 40), and close to the worst."""
+    real, outliers, predicted = _int8_inference(checkpoint, norm_scale)
+    assert (outliers > 0) == (norm_scale > 1)
+    assert real <= predicted.peak_bytes <= real * 1.06
+    assert any(a.startswith("upper bound (int8 base)") for a in predicted.assumptions)
+
+
 def test_a_quantized_base_holds_less_than_the_bf16_one() -> None:
-    """What QLoRA is for: the frozen base in 4 bits instead of 16 (here the linear layers'
+    """What QLoRA is for: the frozen base in 4 or 8 bits instead of 16 (here the linear layers'
     weights are most of the model)."""
     kw = dict(hf_config=CONFIG, mode="train", optimizer="adamw", dtype="bf16", lora=LORA)
     lora = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], **kw)
-    qlora = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], quantize_base="nf4", **kw)
-    assert lora.train is not None and qlora.train is not None
-    assert qlora.train.params_bytes < lora.train.params_bytes
+    int8 = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], quantize_base="int8", **kw)
+    nf4 = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], quantize_base="nf4", **kw)
+    assert lora.train is not None and int8.train is not None and nf4.train is not None
+    assert nf4.train.params_bytes < int8.train.params_bytes < lora.train.params_bytes
 
 
 def test_the_cuda_target_counts_the_dequantized_weight_of_each_4bit_matmul() -> None:

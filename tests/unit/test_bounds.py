@@ -61,7 +61,8 @@ def test_every_device_has_the_bounds(device: str) -> None:
 
 def test_nonzero_fraction_assumption() -> None:
     assert parse_assumption("nonzero=0.5") == ("nonzero", "0.5")
-    for bad in ("nonzero=0", "nonzero=1.5", "nonzero=half"):
+    assert parse_assumption("nonzero=0") == ("nonzero", "0.0")  # e.g. no outlier column in an int8 layer
+    for bad in ("nonzero=-0.1", "nonzero=1.5", "nonzero=half"):
         with pytest.raises(UserInputError, match="fraction in"):
             parse_assumption(bad)
 

@@ -1,8 +1,9 @@
-"""Rules for bitsandbytes' 4-bit kernels (QLoRA's quantized base weights, ``--quantize-base``).
+"""Rules for bitsandbytes' kernels (QLoRA's quantized base weights, ``--quantize-base``).
 
 bitsandbytes registers its ops with fake kernels, so their outputs record as they are; what
-the fake kernels cannot say is the memory a kernel allocates for itself while it runs, and
-the FLOPs (torch's flop counter knows only aten's ops).
+the fake kernels cannot say is the memory a kernel allocates for itself while it runs, the
+FLOPs (torch's flop counter knows only aten's ops), and how many columns LLM.int8's outlier
+split keeps in 16 bits (a count that depends on the activations' values: a bound).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from graphmem.trace.rules.registry import ArgMeta, register
+import torch
+
+from graphmem.trace.rules.registry import ArgMeta, Bound, register
 
 # bitsandbytes/backends/cuda/ops.py (0.50): at most this many rows of A, gemm_4bit always runs
 # its fused kernel; past 1536 rows always the dequantize-then-linear path
@@ -43,3 +46,37 @@ def gemm_4bit_flops(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     n, k = args[2]
     flops: int = 2 * math.prod(a.shape[:-1]) * n * k  # a size symbol stays one (no int())
     return flops
+
+
+# LLM.int8 (bitsandbytes' Linear8bitLt with threshold > 0, transformers' default 6.0): every
+# activation column holding a value of magnitude >= threshold is an outlier column, computed in
+# 16 bits apart from the int8 matmul.  How many there are depends on the values: at most all
+# K columns of the input (bitsandbytes/backends/default/ops.py, 0.50).
+
+@register("bitsandbytes::int8_vectorwise_quant.default", device="any", kind="output_bounds")
+def int8_vectorwise_quant_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
+    """A (rows x K) quantized row-wise: int8 of A's shape, a float32 scale per row, and the
+    int64 indices of the outlier columns (at most K)."""
+    a: ArgMeta = args[0]
+    rows = math.prod(a.shape[:-1])
+    return Bound(a.shape[-1], ((tuple(a.shape), torch.int8), ((rows,), torch.float32), ((None,), torch.int64)))
+
+
+@register("bitsandbytes::int8_double_quant.default", device="any", kind="output_bounds")
+def int8_double_quant_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
+    """As int8_vectorwise_quant, quantized both row- and column-wise: two int8 copies of A,
+    float32 scales per row and per column, and the outlier columns' indices (at most K)."""
+    a: ArgMeta = args[0]
+    rows, k = math.prod(a.shape[:-1]), a.shape[-1]
+    return Bound(k, ((tuple(a.shape), torch.int8), (tuple(a.shape), torch.int8), ((rows,), torch.float32),
+                     ((k,), torch.float32), ((None,), torch.int64)))
+
+
+@register("bitsandbytes::int8_mixed_scaled_mm.default", device="any", kind="output_bounds")
+def int8_mixed_scaled_mm_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
+    """The int8 matmul plus the outlier columns in A's dtype: the output (rows x N) and the
+    outlier columns of A it keeps for the backward (rows x count, count at most K)."""
+    a: ArgMeta = args[0]
+    ca: ArgMeta = args[1]
+    cb: ArgMeta = args[2]
+    return Bound(a.shape[-1], (((*ca.shape[:-1], cb.shape[0]), a.dtype), ((*a.shape[:-1], None), a.dtype)))
