@@ -95,7 +95,7 @@ class Job:
         if self.quantize_base is not None and self.parallel is not None and (
                 self.parallel.parallelize is not None or any(name != "ddp" for name, _ in self.parallel.degrees)):
             raise UserInputError(f"--quantize-base with --parallel {self.parallel.text}: only DDP (ddp=N) is modelled "
-                                 "for a 4-bit base; sharding the packed weights (FSDP-QLoRA), ZeRO, tensor and "
+                                 "for a quantized base; sharding the packed weights (FSDP-QLoRA), ZeRO, tensor and "
                                  "pipeline parallelism are not")
         if self.freeze and self.lora is not None:
             raise UserInputError("--freeze and --lora together: LoRA already freezes every weight but its "

@@ -153,7 +153,8 @@ def _weights_words(changes: Mapping[str, Any], optimizer: str, mode: str) -> str
     if "quantize" in changes:
         return f"{changes['quantize']} weight-only quantization (Linear)"
     if "quantize_base" in changes:
-        return f"QLoRA: the frozen base in {changes['quantize_base']} (bitsandbytes 4-bit)"
+        kind = changes["quantize_base"]
+        return f"QLoRA: the frozen base in {kind} (bitsandbytes {'8-bit' if kind == 'int8' else '4-bit'})"
     if "kv_cache" in changes:
         return f"KV cache in {_SHORT[changes['kv_cache']]}"
     return ""

@@ -17,11 +17,17 @@ dtypes and saved tensors.  The choices, each from the installed torch's source:
   (aten/src/ATen/native/Dropout.cpp, ``is_fused_kernel_acceptable``).
 - optimizers: with ``--optimizer-impl auto`` PyTorch picks the foreach implementation for
   CUDA parameters (torch/optim/optimizer.py, ``_default_to_fused_or_foreach``).
+- bitsandbytes' int8 matmul (an LLM.int8 base, ``--quantize-base int8``): on CPU a training
+  step dequantizes the weight and runs F.linear (``MatMul8bitFp``); on CUDA it quantizes
+  the activations to int8 and splits off the outlier columns (``MatMul8bitLt``), in training
+  and inference (bitsandbytes/autograd/_functions.py ``matmul``, 0.50).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -92,6 +98,18 @@ class CudaKernels(TorchFunctionMode):
             torch.dropout: self._dropout,
         }
 
+    def __enter__(self) -> CudaKernels:
+        self._libraries = contextlib.ExitStack()
+        self._libraries.enter_context(_bitsandbytes_int8_as_on_cuda())
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._libraries.close()
+
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         route = self._routes.get(func)
         if route is None:
@@ -126,3 +144,30 @@ class CudaKernels(TorchFunctionMode):
                                                            scale=scale)
         out: torch.Tensor = outs[0]
         return out
+
+
+@contextlib.contextmanager
+def _bitsandbytes_int8_as_on_cuda() -> Iterator[None]:
+    """While recording, ``bitsandbytes.matmul`` (what Linear8bitLt calls) takes the path it
+    takes for CUDA tensors: ``MatMul8bitLt`` in training too, where on CPU tensors (the fake
+    ones here) it would take ``MatMul8bitFp``.  Nothing changes where bitsandbytes is not loaded."""
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None or not hasattr(bnb, "matmul"):
+        yield
+        return
+    from bitsandbytes.autograd._functions import MatMul8bitLt, MatmulLtState
+
+    def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, state: Any = None,
+               threshold: float = 0.0, bias: torch.Tensor | None = None) -> torch.Tensor:
+        state = state or MatmulLtState()
+        if threshold > 0.0:
+            state.threshold = threshold
+        result: torch.Tensor = MatMul8bitLt.apply(A, B, out, bias, state)
+        return result
+
+    original = getattr(bnb, "matmul")  # noqa: B009  (an optional library: mypy does not know it)
+    setattr(bnb, "matmul", matmul)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(bnb, "matmul", original)  # noqa: B010

@@ -223,3 +223,22 @@ def test_plan_offers_qlora_for_a_lora_job_and_its_row_matches_real_execution(che
     assert row.peak_bytes == real.peak_bytes
     assert row.name == "QLoRA: the frozen base in nf4 (bitsandbytes 4-bit)"
     assert row.extra_compute == 0  # the 4-bit matmul counts the FLOPs of the matmul it replaces
+
+
+def test_the_cuda_target_takes_bitsandbytes_cuda_path_for_an_int8_base() -> None:
+    """On CPU tensors a training step's int8 matmul dequantizes the weight (MatMul8bitFp, the
+    path the CPU reference above runs); on CUDA ones it quantizes the activations and splits
+    off the outlier columns (MatMul8bitLt), a bound by default.  bitsandbytes.matmul is the
+    library's own again after the recording."""
+    original = bnb.matmul
+    kw = dict(hf_config=CONFIG, mode="train", optimizer="adamw", dtype="bf16", lora=LORA, quantize_base="int8")
+    cpu = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], **kw)
+    cuda = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], gpu="h100-80gb", **kw)
+    assert cpu.train is not None and cuda.train is not None
+    assert not any(o.op.startswith("bitsandbytes.int8") for o in cpu.train.trace.ops)
+    quantized = [o for o in cuda.train.trace.ops
+                 if o.op == "bitsandbytes.int8_vectorwise_quant.default" and o.iteration == 0]
+    assert len(quantized) == 7 * CONFIG["num_hidden_layers"]  # once per int8 layer, in the forward only
+    assert {o.phase.value for o in quantized} == {"forward"}
+    assert any(a.startswith("upper bound (int8 base)") for a in cuda.train.assumptions)
+    assert bnb.matmul is original

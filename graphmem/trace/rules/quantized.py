@@ -80,3 +80,37 @@ def int8_mixed_scaled_mm_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any])
     ca: ArgMeta = args[1]
     cb: ArgMeta = args[2]
     return Bound(a.shape[-1], (((*ca.shape[:-1], cb.shape[0]), a.dtype), ((*a.shape[:-1], None), a.dtype)))
+
+
+# On CUDA (the path MatMul8bitLt takes there, graphmem.trace.cuda_kernels), what bitsandbytes'
+# int8 kernels allocate for themselves, read from bitsandbytes 0.50's source
+# (backends/cuda/ops.py and backends/default/ops.py); not measured on a GPU.
+
+@register("bitsandbytes::int8_vectorwise_quant.default", device="cuda")
+def int8_vectorwise_quant_workspace(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """With a threshold, finding the outlier columns (``A.abs() >= threshold``) holds |A| in
+    A's dtype (float16) and a bool mask, one byte per element, at once."""
+    a: ArgMeta = args[0]
+    threshold = kwargs.get("threshold", args[1] if len(args) > 1 else 0.0)
+    return math.prod(a.shape) * (a.dtype.itemsize + 1) if threshold > 0 else 0
+
+
+@register("bitsandbytes::int8_mixed_scaled_mm.default", device="cuda")
+def int8_mixed_scaled_mm_workspace(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The largest of its three steps, for A (rows x K), the int8 weight (N x K) and u outlier
+    columns: dequantizing the weight's outlier columns (their int8 copy and two float32
+    products, N x u x 9 bytes); the int8 matmul's int32 product and its float16 rescaling
+    (rows x N x 6, plus the cast to A's dtype when that is not float16 and outliers follow),
+    beside the dequantized columns in A's dtype; adding the outlier product, which makes a
+    new output beside the int8 one."""
+    a: ArgMeta = args[0]
+    cb: ArgMeta = args[2]
+    cols = kwargs.get("outlier_cols", args[5] if len(args) > 5 else None)
+    rows, n, item = math.prod(a.shape[:-1]), cb.shape[0], a.dtype.itemsize
+    u = math.prod(cols.shape) if isinstance(cols, ArgMeta) else 0
+    dequantize = n * u * (1 + 4 + 4)
+    cast = rows * n * item if u and a.dtype != torch.float16 else 0
+    matmul = n * u * item + rows * n * (4 + 2) + cast
+    add = n * u * item + rows * n * item if u else 0
+    workspace: int = max(dequantize, matmul, add)
+    return workspace
