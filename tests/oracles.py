@@ -144,9 +144,9 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if amp == torch.float16 else None
     kw_inputs = kw_inputs or {}
     counter = LiveStorages()
-    for t in [*model.parameters(), *model.buffers(), *inputs, *kw_inputs.values(),
+    for t in [*model.parameters(), *model.buffers(), *inputs, *tree_flatten(kw_inputs)[0],
               *(also_held(model) if also_held else ())]:
-        counter.add(t)
+        counter.add(t)  # kw_inputs may hold lists of dicts of tensors (a detection model's targets)
     targets: list[torch.Tensor] = []
 
     def micro_step() -> tuple[Any, torch.Tensor]:
@@ -189,6 +189,9 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
 def _loss(out: Any, loss: str, targets: list[torch.Tensor]) -> torch.Tensor:
     if loss == "auto" and isinstance(getattr(out, "loss", None), torch.Tensor):
         return out.loss  # transformers style: the model computed it from labels
+    if loss == "auto" and isinstance(out, dict) and out and all(
+            isinstance(v, torch.Tensor) and v.dim() == 0 for v in out.values()):
+        return sum(out.values())  # type: ignore[return-value]  # torchvision detection: summed as its references do
     logits = _first_float(out.to_tuple() if hasattr(out, "to_tuple") else out)
     if loss == "auto":
         return logits.sum()

@@ -40,6 +40,48 @@ class Selects(nn.Module):
         return h.sum() + picked.sum() + positions.float().sum() + distinct.sum()
 
 
+class Sampler(nn.Module):
+    """A detection model's training sampler (as torchvision's BalancedPositiveNegativeSampler
+    picks anchors or proposals): of the rows scored positive it takes at most ``pos``, of the
+    others at most ``batch - pos``, each set as ones in a mask made from zeros; the head then
+    runs on the rows of the masks' union.  Whatever the scores, at most ``batch`` rows."""
+
+    def __init__(self, dim: int = 32, batch: int = 16, pos: int = 4) -> None:
+        super().__init__()
+        self.batch, self.pos = batch, pos
+        self.score = nn.Linear(dim, 1)
+        self.head = nn.Sequential(nn.Linear(dim, 256), nn.ReLU(), nn.Linear(256, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.score(x).squeeze(-1)
+        positive = torch.where(scores.detach() > 0)[0]
+        negative = torch.where(scores.detach() <= 0)[0]
+        num_pos = min(positive.numel(), self.pos)
+        num_neg = min(negative.numel(), self.batch - num_pos)
+        pos_idx = positive[torch.randperm(positive.numel())[:num_pos]]
+        neg_idx = negative[torch.randperm(negative.numel())[:num_neg]]
+        pos_mask = torch.zeros_like(scores, dtype=torch.uint8)
+        neg_mask = torch.zeros_like(scores, dtype=torch.uint8)
+        pos_mask[pos_idx] = 1
+        neg_mask[neg_idx] = 1
+        sampled = torch.where(pos_mask | neg_mask)[0]
+        return self.head(x[sampled]).sum() + scores.sum()
+
+
+class RandomCrop(nn.Module):
+    """Picks one of three lengths at random, as torchvision's detection transform picks an image
+    size in training (``int(torch.empty(1).uniform_(0, n).item())``), then runs on that many rows."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lengths = (8, 16, 48)
+        index = int(torch.empty(1).uniform_(0.0, float(len(lengths))).item())
+        return self.fc(x[: lengths[index]])
+
+
 class LoopMoE(nn.Module):
     """Mixture of experts written as a loop over experts with torch.where (top-2 routing)."""
 

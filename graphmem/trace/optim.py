@@ -64,6 +64,12 @@ def find_logits(output: Any) -> torch.Tensor:
                      "tensor to compute a loss from; return the logits or pass --mode inference")
 
 
+def _losses(output: Any) -> bool:
+    """Whether ``output`` is a dict of scalar losses (``{"loss_classifier": ..., ...}``)."""
+    return isinstance(output, dict) and bool(output) and all(
+        isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point() for v in output.values())
+
+
 def make_targets(logits: torch.Tensor) -> torch.Tensor:
     """Class-index targets for cross_entropy / nll: int64 zeros shaped like logits[..., 0]."""
     return torch.zeros(logits.shape[:-1], dtype=torch.int64, device=logits.device)
@@ -75,6 +81,9 @@ def compute_loss(kind: str, output: Any, targets: torch.Tensor | None) -> torch.
         loss = getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor):
             return loss
+        if _losses(output):  # a dict of losses (torchvision's detection models): their sum, as trainers take it
+            total: torch.Tensor = sum(output.values())  # type: ignore[assignment]
+            return total
         return find_logits(output).sum()
     logits = find_logits(output)
     if kind == "sum":

@@ -47,6 +47,7 @@ from graphmem.trace._torch_api import (
     storage_key,
     unset_fake_temporarily,
 )
+from graphmem.trace.counts import NonzeroCounts
 from graphmem.trace.parallel import local_tensor
 from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
 from graphmem.trace.rules.registry import ArgMeta, Rule, RuleTable, output_bounds, output_shapes, scratch_bytes
@@ -207,6 +208,7 @@ class Recorder(TorchDispatchMode):
         self._read_index = 0
         self._silent = False
         self.shadows = Shadows()
+        self.counts = NonzeroCounts()  # masks built from zeros by setting k elements
         self._dtype_checked: dict[Any, str] = {}
         self.kept: float | None = None  # --assume nonzero=F: value-dependent sizes at F of their most
         # sizes as symbols (graphmem.trace.symbolic): op index -> (scratch bytes, flops) as
@@ -426,6 +428,7 @@ class Recorder(TorchDispatchMode):
             return self._bounded(func, rule, args, kwargs, exc)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.shadows.propagate(func, args, kwargs, out)
+            self.counts.propagate(func, args, kwargs, out)
         return out
 
     def _bounded(self, func: Any, rule: Rule, args: Any, kwargs: Any, exc: Exception) -> Any:
@@ -436,6 +439,9 @@ class Recorder(TorchDispatchMode):
         except NotImplementedError:
             raise exc from None
         most = hint_of(bound.count)  # with sizes as symbols, the trace is then not kept as a formula
+        set_at_most = self.counts.most(args[0]) if func == torch.ops.aten.nonzero.default else None
+        if set_at_most is not None:  # a mask made from zeros by setting some elements
+            most = min(most, set_at_most)
         count = most if self.kept is None else min(most, math.ceil(most * self.kept))
         self.bounded = True
         outs = tuple(torch.empty(shape, dtype=dtype)
@@ -450,7 +456,7 @@ class Recorder(TorchDispatchMode):
             name, module = _BOUNDED_NAMES.get(op, op), self.pending[1]
             where = f"{name} in {module}" if module else name
             if self.kept is None:
-                note = (f"upper bound: {where} depends on values; recorded keeping all {count:,} elements, the most "
+                note = (f"upper bound: {where} depends on values; recorded keeping {count:,} elements, the most "
                         "it can (declare a fraction with --assume nonzero=0.5)")
             else:
                 note = (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "

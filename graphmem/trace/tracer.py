@@ -49,6 +49,7 @@ from graphmem.trace._torch_api import (
     size_symbol,
     storage_key,
     symbolic_fake_mode,
+    to_fake,
 )
 from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
 from graphmem.trace.cuda_kernels import CudaKernels
@@ -70,6 +71,7 @@ from graphmem.trace.recorder import Recorder
 from graphmem.trace.records import Phase, Role, SymbolicSizes, Trace
 from graphmem.trace.replica import optimizer_scalar_reads
 from graphmem.trace.rules import RuleTable, rules_for
+from graphmem.trace.targets import BOXES, DEFAULT_BOXES, detection_targets
 from graphmem.trace.values import default_assumption, describe
 
 __all__ = ["trace_step", "MODES"]
@@ -150,6 +152,8 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
             for tensor, value in values.items():
                 recorder.shadows.built(tensor, value)
             _declare_inputs(recorder, inputs, args, kwargs, assume or {})
+            if mode == "train":
+                _declare_targets(recorder, inner, args, kwargs, fake_mode, target, assume or {})
             kv_bytes = 0
             with _errors_explained(recorder, given), quiet_fake_tensor_logs():
                 if mode == "train":
@@ -263,7 +267,7 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
     if KEPT_FRACTION in assume:
         recorder.kept = float(assume[KEPT_FRACTION])
     recorder.shadows.routing = assume.get(ROUTING, recorder.shadows.routing)
-    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - {KEPT_FRACTION, ROUTING}
+    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - {KEPT_FRACTION, ROUTING, BOXES}
     if unknown:
         raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
                              f"inputs: {', '.join(s.name or f'input_{i}' for i, s in enumerate(specs))}")
@@ -276,6 +280,38 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
         kind = assume.get(name) or default_assumption(name, spec.dtype)
         if kind:
             recorder.shadows.assume(tensor, name, kind)
+
+
+def _declare_targets(recorder: Recorder, model: nn.Module, args: list[Any], kwargs: dict[str, Any],
+                     fake_mode: Any, device: torch.device, assume: Mapping[str, str]) -> None:
+    """A detection model trained without targets gets graphmem's (graphmem.trace.targets): a
+    keyword input ``targets`` of fake tensors whose values are known, noted in the report."""
+    try:
+        boxes = int(assume.get(BOXES, DEFAULT_BOXES))
+    except ValueError:
+        boxes = -1
+    if boxes < 1:
+        raise UserInputError(f"--assume boxes={assume.get(BOXES)}: expected a positive number of ground-truth "
+                             "boxes per image, e.g. boxes=8")
+    real = detection_targets(model, args, kwargs, boxes)
+    if real is None:
+        return
+    fakes: list[dict[str, torch.Tensor]] = []
+    for i, target in enumerate(real):
+        fakes.append({})
+        for key, value in target.items():
+            fake = to_fake(fake_mode, torch.empty_like(value, device="meta"), device)
+            name = f"targets[{i}].{key}"
+            recorder.add_placeholder(fake, name)
+            recorder.mark(fake, Role.INPUT, name)
+            recorder.shadows.built(fake, value)
+            fakes[-1][key] = fake
+    kwargs["targets"] = fakes
+    parts = ", ".join(k for k in real[0] if k not in ("boxes", "labels"))
+    recorder.assumptions.append(
+        f"training: no targets were given, so each image gets {boxes} ground-truth boxes (half the image's "
+        f"width and height each, on a grid, class 1{', with ' + parts if parts else ''}); --assume boxes=N "
+        "changes how many")
 
 
 CHECK_PASSED = ("the model asserts a condition on its values (torch._check_tensor_all, as transformers' "

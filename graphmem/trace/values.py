@@ -112,6 +112,10 @@ class Shadows:
         """Run ``func`` on the shadows of its arguments, when they all have one."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if func == torch.ops.aten.uniform_.default and hint_of(args[0].numel()) <= SHADOW_LIMIT:
+            self._draw(out, args[1] if len(args) > 1 else kwargs.get("from", 0.0),
+                       args[2] if len(args) > 2 else kwargs.get("to", 1.0))
+            return  # it overwrites every value of its tensor: what the tensor held before does not matter
         unknown = any(self.get(t) is None for t in tensors)
         if unknown and func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor):
             self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
@@ -126,16 +130,20 @@ class Shadows:
         if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in UNINITIALISED:
             return
         if func.overloadpacket in _UNIFORM and isinstance(out, torch.Tensor) and out.is_floating_point():
-            with unset_fake_temporarily():
-                below_one = torch.nextafter(torch.ones((), dtype=out.dtype), torch.zeros((), dtype=out.dtype))
-                value = below_one.expand(tuple(hint_of(d) for d in out.shape)).contiguous()
-            self._shadows[out] = _Shadow(value, frozenset({RANDOM_DRAW}))
+            self._draw(out, 0.0, 1.0)
             return
         try:
             real = self.run(func, args, kwargs)
         except Exception:  # values the real op refuses (none seen): no shadow
             return
         self.attach(args, kwargs, out, real)
+
+    def _draw(self, out: torch.Tensor, low: float, high: float) -> None:
+        """A uniform draw in [low, high): its largest value, just below ``high``, everywhere."""
+        with unset_fake_temporarily():
+            top = torch.nextafter(torch.tensor(high, dtype=out.dtype), torch.tensor(low, dtype=out.dtype))
+            value = top.expand(tuple(hint_of(d) for d in out.shape)).contiguous()
+        self._shadows[out] = _Shadow(value, frozenset({RANDOM_DRAW}))
 
     def choose(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """The indices ``func`` (top-k, argmax or max along a dimension) picks from values no
@@ -252,7 +260,9 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     notes = []
     if RANDOM_DRAW in used:
         notes.append("upper bound: the model reads a random draw (torch.rand, e.g. LayerDrop's `if torch.rand([]) < "
-                     "layerdrop`); it was taken as its largest value, just below 1, so every layer it could skip runs")
+                     "layerdrop`, or uniform_, e.g. a detection model's random choice of image size); it was taken "
+                     "as its largest value, so every layer it could skip runs and a random choice takes its last "
+                     "option")
     if FINITE in used:
         notes.append("the model checks its values for NaN or inf (torch.isnan, isinf, isfinite): answered as a run "
                      "without any answers it")

@@ -11,7 +11,7 @@ import torch
 
 import graphmem
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training
-from tests.value_models import LoopMoE, RowGate, Selects
+from tests.value_models import LoopMoE, RandomCrop, RowGate, Sampler, Selects
 
 SHAPE = (64, 32)
 
@@ -36,7 +36,7 @@ def test_an_input_keeping_every_element_reaches_the_bound(build: Callable[[], An
     assert any("upper bound" in a for a in report.train.assumptions)
 
 
-@pytest.mark.parametrize("build", [RowGate, Selects, LoopMoE], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("build", [RowGate, Selects, LoopMoE, Sampler], ids=lambda b: b.__name__)
 def test_random_inputs_stay_within_the_bound(build: Callable[[], Any]) -> None:
     report = _predicted(build)
     for seed in range(3):
@@ -53,3 +53,35 @@ def test_a_declared_fraction_is_noted_and_lowers_the_bound() -> None:
     x = torch.cat([torch.ones(SHAPE[0] // 2, SHAPE[1]), -torch.ones(SHAPE[0] // 2, SHAPE[1])])  # half the rows kept
     inference, train = _measured(RowGate, x)
     assert (half.inference.peak_bytes, half.train.peak_bytes) == (inference, train)
+
+
+def test_a_mask_set_from_zeros_is_bounded_by_what_was_set() -> None:
+    """Sampler's head runs on at most 16 of the 64 rows, whatever the scores, and the bound
+    counts 16, not every row: above a real run only by the one index list too many (the
+    positive and the negative rows are each bounded by all 64; together they are 64, int64)."""
+    report = _predicted(Sampler)
+    for seed in range(3):
+        x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
+        inference, train = _measured(Sampler, x)
+        for predicted, real in ((report.inference.peak_bytes, inference), (report.train.peak_bytes, train)):
+            assert real <= predicted <= real + SHAPE[0] * 8, (seed, predicted, real)
+    assert any("recorded keeping 16 elements" in a for a in report.train.assumptions)
+
+
+def test_a_random_choice_takes_its_last_option() -> None:
+    """A uniform_ draw read as a choice is taken at its largest value: the last (here the
+    longest) option, never below a real run of any of the three."""
+    report = _predicted(RandomCrop)
+    x = torch.randn(SHAPE)
+    peaks = set()
+    original = torch.Tensor.uniform_
+    for index in range(3):  # each real run drawing the value that picks option ``index``
+        torch.Tensor.uniform_ = lambda self, *a, i=index, **k: self.fill_(float(i))  # type: ignore[method-assign]
+        try:
+            inference, train = _measured(RandomCrop, x)
+        finally:
+            torch.Tensor.uniform_ = original  # type: ignore[method-assign]
+        peaks.add((inference, train))
+        assert inference <= report.inference.peak_bytes and train <= report.train.peak_bytes
+    assert (report.inference.peak_bytes, report.train.peak_bytes) == max(peaks)
+    assert any("random draw" in a for a in report.train.assumptions)

@@ -1,0 +1,83 @@
+"""Ground truth a model takes as an input when it trains: torchvision's detection models.
+
+Used by stage 2 (trace).  A torchvision detection model (Faster/Mask/Keypoint R-CNN,
+RetinaNet, FCOS, SSD) in training mode computes its own losses and needs ``targets``: one
+dict per image, ``boxes`` (n x 4, x1 y1 x2 y2 in pixels) and ``labels`` (n, int64), plus
+``masks`` (n x H x W, uint8) for Mask R-CNN and ``keypoints`` (n x K x 3) for Keypoint
+R-CNN.  Where the job gives none, graphmem makes them: ``n`` boxes per image (default
+``DEFAULT_BOXES``, ``--assume boxes=N``), each half the image's width and height, laid out on
+a grid, of class 1, with a mask filling the box and keypoints on its diagonal.  Each is a
+fake input whose real value is known (a shadow, graphmem.trace.values), as the model's checks
+on them read values (``degenerate boxes``).  The loss is the sum of the losses the model
+returns, as torchvision's reference training script sums them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "takes_targets", "target_values"]
+
+BOXES = "boxes"  # --assume boxes=N: ground-truth boxes per image
+DEFAULT_BOXES = 8
+_DETECTION_CLASSES = (("torchvision.models.detection.generalized_rcnn", "GeneralizedRCNN"),
+                      ("torchvision.models.detection.retinanet", "RetinaNet"),
+                      ("torchvision.models.detection.fcos", "FCOS"), ("torchvision.models.detection.ssd", "SSD"))
+
+
+def takes_targets(model: nn.Module) -> bool:
+    """Whether ``model`` is one of torchvision's detection models (they need targets to train)."""
+    classes = tuple(getattr(sys.modules[module], name) for module, name in _DETECTION_CLASSES
+                    if module in sys.modules and hasattr(sys.modules[module], name))
+    return isinstance(model, classes)
+
+
+def target_values(model: nn.Module, images: torch.Tensor, boxes: int) -> list[dict[str, torch.Tensor]]:
+    """Real targets for a batch of images (B x C x H x W): ``boxes`` per image (see above)."""
+    batch, (height, width) = images.shape[0], tuple(int(d) for d in images.shape[-2:])
+    keypoints = _keypoints(model)
+    targets = []
+    for _ in range(batch):
+        corners = [(width * (k % 4) / 8, height * (k // 4 % 4) / 8) for k in range(boxes)]
+        box = torch.tensor([[x, y, x + width / 2, y + height / 2] for x, y in corners], dtype=torch.float32)
+        target = {"boxes": box, "labels": torch.ones(boxes, dtype=torch.int64)}
+        if _has_masks(model):
+            masks = torch.zeros(boxes, height, width, dtype=torch.uint8)
+            for k, (x, y) in enumerate(corners):
+                masks[k, int(y):int(y + height / 2), int(x):int(x + width / 2)] = 1
+            target["masks"] = masks
+        if keypoints:
+            steps = torch.linspace(0, 1, keypoints)
+            points = torch.stack([box[:, None, 0] + steps * width / 2, box[:, None, 1] + steps * height / 2,
+                                  torch.ones(boxes, keypoints)], dim=-1)
+            target["keypoints"] = points
+        targets.append(target)
+    return targets
+
+
+def detection_targets(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
+                      boxes: int) -> list[dict[str, torch.Tensor]] | None:
+    """The real targets for the model's images (its first input), or None where the model
+    takes none or the job gave them."""
+    if not takes_targets(model) or "targets" in kwargs or len(args) > 1:
+        return None
+    images = args[0] if args else kwargs.get("images")
+    if not isinstance(images, torch.Tensor) or images.dim() != 4:
+        return None
+    return target_values(model, images, boxes)
+
+
+def _has_masks(model: nn.Module) -> bool:
+    heads = getattr(model, "roi_heads", None)
+    return bool(heads is not None and heads.has_mask())
+
+
+def _keypoints(model: nn.Module) -> int:
+    heads = getattr(model, "roi_heads", None)
+    predictor = getattr(heads, "keypoint_predictor", None) if heads is not None and heads.has_keypoint() else None
+    return int(predictor.kps_score_lowres.out_channels) if predictor is not None else 0
