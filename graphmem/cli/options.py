@@ -123,9 +123,10 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                           "(if mask.all(), nonzero): ones, zeros, arange or an integer. Defaults: *mask* "
                           "inputs ones, position_ids arange, others zeros. nonzero=F (0 <= F <= 1): sizes "
                           "that depend on values (nonzero, x[mask], unique, LLM.int8's outlier columns) keep F of "
-                          "their most, instead "
-                          "of all (an upper bound). routing=uneven|balanced: how top-k / argmax choices made from "
-                          "unknown values (an MoE router's) are spread; default uneven. Repeatable."),
+                          "their most, instead of all (an upper bound). routing=uneven|balanced: how top-k / "
+                          "argmax choices made from unknown values (an MoE router's) are spread; default uneven. "
+                          "boxes=N: ground-truth boxes per image for a torchvision detection model trained "
+                          "without targets; default 8. Repeatable."),
         click.Option(["--kwargs", "model_kwargs"], type=JsonObjectType(), default=None,
                      help="JSON object of keyword arguments for the model class or factory."),
         click.Option(["--mode"], type=click.Choice(list(modes)), default=default_mode, show_default=True,

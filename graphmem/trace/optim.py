@@ -82,7 +82,7 @@ def compute_loss(kind: str, output: Any, targets: torch.Tensor | None) -> torch.
         if isinstance(loss, torch.Tensor):
             return loss
         if _losses(output):  # a dict of losses (torchvision's detection models): their sum, as trainers take it
-            total: torch.Tensor = sum(output.values())  # type: ignore[assignment]
+            total: torch.Tensor = sum(output.values())
             return total
         return find_logits(output).sum()
     logits = find_logits(output)

@@ -429,6 +429,9 @@ class Recorder(TorchDispatchMode):
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.shadows.propagate(func, args, kwargs, out)
             self.counts.propagate(func, args, kwargs, out)
+            if func == torch.ops.aten.sum.default and args[0].dtype == torch.bool and self.shadows.get(out) is None:
+                most = self.counts.most(args[0])
+                self.shadows.mask_count(out, hint_of(args[0].numel()) if most is None else most)
         return out
 
     def _bounded(self, func: Any, rule: Rule, args: Any, kwargs: Any, exc: Exception) -> Any:

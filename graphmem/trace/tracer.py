@@ -304,7 +304,7 @@ def _declare_targets(recorder: Recorder, model: nn.Module, args: list[Any], kwar
             name = f"targets[{i}].{key}"
             recorder.add_placeholder(fake, name)
             recorder.mark(fake, Role.INPUT, name)
-            recorder.shadows.built(fake, value)
+            recorder.shadows.targets(fake, value)
             fakes[-1][key] = fake
     kwargs["targets"] = fakes
     parts = ", ".join(k for k in real[0] if k not in ("boxes", "labels"))

@@ -52,6 +52,8 @@ FINITE = "finite values"  # the source of the shadows of _FINITE_CHECKS' outputs
 _CHOICES = frozenset({torch.ops.aten.topk.default, torch.ops.aten.argmax.default, torch.ops.aten.argmin.default,
                       torch.ops.aten.max.dim, torch.ops.aten.min.dim})
 BUILT = "values computed when built"  # the source of buffers' shadows (graphmem.job.values)
+TARGETS = "targets made by graphmem"  # a detection model's targets (graphmem.trace.targets; noted there)
+MASK_COUNT = "a mask's count at its most"  # how many elements of a mask of unknown values are set
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,17 @@ class Shadows:
     def built(self, fake: torch.Tensor, value: torch.Tensor) -> None:
         """Buffer ``fake`` holds ``value``, computed when the model was built."""
         self._shadows[fake] = _Shadow(value, frozenset({BUILT}))
+
+    def targets(self, fake: torch.Tensor, value: torch.Tensor) -> None:
+        """Input ``fake`` is a target graphmem made, of value ``value``."""
+        self._shadows[fake] = _Shadow(value, frozenset({TARGETS}))
+
+    def mask_count(self, out: torch.Tensor, most: int) -> None:
+        """``out`` counts the set elements of a mask whose values are unknown: taken at ``most``,
+        all it can be (the bounds' view of a mask: at most all true)."""
+        with unset_fake_temporarily():
+            value = torch.tensor(most, dtype=out.dtype)
+        self._shadows[out] = _Shadow(value, frozenset({MASK_COUNT}))
 
     def get(self, t: Any) -> _Shadow | None:
         """The shadow of ``t``; a real tensor (a constant the model made, such as the ``1`` of
@@ -269,8 +282,11 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     if BUILT in used:
         notes.append("the model reads values of its buffers (a padding size, a stride): answered with the values "
                      "its constructor computed, as a run of the model as built")
+    if MASK_COUNT in used:
+        notes.append("upper bound: the model reads how many elements of a mask are set (a count of foreground "
+                     "anchors, say) where the mask depends on values; taken as the most they can be")
     notes += [_ROUTING_NOTES[routing] for routing in ROUTINGS if _routed(routing) in used]
-    for item in sorted(used - {RANDOM_DRAW, FINITE, BUILT, *map(_routed, ROUTINGS)}):
+    for item in sorted(used - {RANDOM_DRAW, FINITE, BUILT, TARGETS, MASK_COUNT, *map(_routed, ROUTINGS)}):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "
