@@ -571,10 +571,27 @@ def measure(build: Callable[[], Any], mode: str, inputs: list[Input]) -> int:
     from tests.oracles import OPTIMIZERS, measure_inference, measure_training
 
     generator = torch.Generator().manual_seed(0)
-    real = {i.name: i.real(generator) for i in inputs}
+    real: dict[str, Any] = {i.name: i.real(generator) for i in inputs}
     if mode == "inference":
         return measure_inference(build, [], real).peak_bytes
+    if "images" in real and _detection(build()):  # the targets graphmem makes when given none
+        real["targets"] = _targets_for(build(), real["images"])
     return measure_training(build, [], OPTIMIZERS["sgd"], "auto", kw_inputs=real).peak_bytes
+
+
+def _detection(model: Any) -> bool:
+    return type(model).__module__.startswith("torchvision.models.detection")
+
+
+def _targets_for(model: Any, images: Any) -> Any:
+    """tests/oracles.py's detection targets, with masks and keypoints where the model predicts them."""
+    from tests.oracles import detection_targets
+
+    heads = getattr(model, "roi_heads", None)
+    masks = bool(heads is not None and heads.has_mask())
+    keypoints = heads.keypoint_predictor.kps_score_lowres.out_channels if heads is not None and heads.has_keypoint() \
+        else 0
+    return detection_targets(images, masks=masks, keypoints=keypoints)
 
 
 def predict(build: Callable[[], Any], mode: str, inputs: list[Input]) -> int:
@@ -1025,8 +1042,9 @@ torchvision==0.29.1 timm networkx tabulate click`, then the command with this ch
 directory), random weights, nothing downloaded (the models and inputs: `benchmarks/coverage_vision.py`).
 Each model runs for real on CPU under the live-storage oracle (`tests/oracles.py`): one inference call
 under `torch.no_grad()` and a training step (SGD, two iterations, the sum of the first floating-point
-output as the loss), and graphmem predicts both with `device="cpu"`.
-The words are those of docs/coverage.md.
+output as the loss; a detection model: the sum of its losses on the targets graphmem makes when given
+none, 8 boxes per image, built for the real run by `tests/oracles.py`), and graphmem predicts both with
+`device="cpu"`. The words are those of docs/coverage.md.
 
 {summary(rows)}
 

@@ -5,8 +5,8 @@ video, optical flow; the quantized ones need a quantized backend and are left ou
 model of each of a set of timm families, built with random weights and 10 classes, with
 inputs of the kind the model takes: images 2x3x64x64 (then 2x3x224x224 where a model
 needs its training size), clips 2x3x8x64x64, image pairs for optical flow.  Detection models
-take a batch of images in inference; their training step needs boxes and labels, which these
-inputs do not give (the real run then fails: no ground truth).
+take a batch of images; in training graphmem makes their targets (graphmem.trace.targets) and
+the real run gets the same ones (tests/oracles.py, ``detection_targets``).
 
     python benchmarks/coverage.py --library torchvision --write docs/coverage-vision.md
 """
@@ -78,6 +78,8 @@ def architecture(model_type: str) -> tuple[Callable[[], Any], str, str, list[Inp
 
         build = lambda: timm.create_model(name, pretrained=False, num_classes=10)
     variants = _variants(task)
+    if name == "inception_v3":  # its auxiliary head (training) needs the 299 x 299 it was made for
+        variants.append([("x", (2, 3, 299, 299), "float")])
     if name.startswith("lraspp"):  # LRASPP.forward(self, input)
         variants = [[("input", shape, kind) for _, shape, kind in v] for v in variants]
     return build, name, task, variants

@@ -242,3 +242,28 @@ OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer
     "adam": lambda p: torch.optim.Adam(p),
     "adamw": lambda p: torch.optim.AdamW(p),
 }
+
+
+def detection_targets(images: torch.Tensor, boxes: int = 8, masks: bool = False,
+                      keypoints: int = 0) -> list[dict[str, torch.Tensor]]:
+    """The targets graphmem documents for a torchvision detection model trained without them
+    (docs/how-it-works.md), made here independently: per image ``boxes`` boxes of half the
+    image's width and height on a grid, class 1; masks filling the boxes; keypoints on their
+    diagonals, visible."""
+    height, width = images.shape[-2:]
+    out = []
+    for _ in range(images.shape[0]):
+        corners = [(width * (k % 4) / 8, height * (k // 4 % 4) / 8) for k in range(boxes)]
+        box = torch.tensor([[x, y, x + width / 2, y + height / 2] for x, y in corners])
+        target = {"boxes": box, "labels": torch.ones(boxes, dtype=torch.int64)}
+        if masks:
+            target["masks"] = torch.zeros(boxes, height, width, dtype=torch.uint8)
+            for k, (x, y) in enumerate(corners):
+                target["masks"][k, int(y):int(y + height / 2), int(x):int(x + width / 2)] = 1
+        if keypoints:
+            steps = torch.linspace(0, 1, keypoints)
+            target["keypoints"] = torch.stack([box[:, None, 0] + steps * width / 2,
+                                               box[:, None, 1] + steps * height / 2,
+                                               torch.ones(boxes, keypoints)], dim=-1)
+        out.append(target)
+    return out

@@ -1,9 +1,8 @@
 """torchvision's detection models train, checked against real CPU runs of the same step.
 
 The real side gives each image the targets graphmem documents for a detection model trained
-without them (graphmem.trace.targets), made here by the test itself: ``n`` boxes of half the
-image's width and height on a grid, class 1, masks filling them, keypoints on their
-diagonals.  The losses are summed as torchvision's reference training script sums them.
+without them, made by tests/oracles.py (``detection_targets``), not by graphmem.  The losses
+are summed as torchvision's reference training script sums them.
 The prediction is an upper bound (which anchors and proposals match depends on values):
 never below the real run, and the test says how far above it may be.
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 import graphmem
-from tests.oracles import OPTIMIZERS, measure_training
+from tests.oracles import OPTIMIZERS, detection_targets, measure_training
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
 try:
@@ -28,22 +27,8 @@ except (AttributeError, RuntimeError):
 SIZE = 128
 BOXES = 8
 # model -> how far above the real run the bound may be (measured: see docs/coverage-torchvision.md)
-MODELS = {"ssdlite320_mobilenet_v3_large": 0.0, "fasterrcnn_mobilenet_v3_large_320_fpn": 0.15}
-
-
-def _targets(images: torch.Tensor, masks: bool) -> list[dict[str, torch.Tensor]]:
-    height, width = images.shape[-2:]
-    out = []
-    for _ in range(images.shape[0]):
-        corners = [(width * (k % 4) / 8, height * (k // 4 % 4) / 8) for k in range(BOXES)]
-        target = {"boxes": torch.tensor([[x, y, x + width / 2, y + height / 2] for x, y in corners]),
-                  "labels": torch.ones(BOXES, dtype=torch.int64)}
-        if masks:
-            target["masks"] = torch.zeros(BOXES, height, width, dtype=torch.uint8)
-            for k, (x, y) in enumerate(corners):
-                target["masks"][k, int(y):int(y + height / 2), int(x):int(x + width / 2)] = 1
-        out.append(target)
-    return out
+MODELS = {"ssdlite320_mobilenet_v3_large": 0.0, "fcos_resnet50_fpn": 0.0, "retinanet_resnet50_fpn": 0.01,
+          "fasterrcnn_mobilenet_v3_large_320_fpn": 0.15}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -56,7 +41,7 @@ def test_detection_training_is_a_bound_of_real_execution(name: str) -> None:
     torch.manual_seed(0)
     images = torch.randn(2, 3, SIZE, SIZE)
     real = measure_training(build, [], OPTIMIZERS["sgd"], "auto",
-                            kw_inputs={"images": images, "targets": _targets(images, masks=False)})
+                            kw_inputs={"images": images, "targets": detection_targets(images, BOXES)})
     report = graphmem.analyze(f"torchvision.models.detection:{name}", [f"images=2x3x{SIZE}x{SIZE}"], mode="train",
                               optimizer="sgd", kwargs=kwargs)
     assert report.train is not None
