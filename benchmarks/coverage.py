@@ -585,12 +585,10 @@ def _detection(model: Any) -> bool:
 
 def _targets_for(model: Any, images: Any) -> Any:
     """tests/oracles.py's detection targets, with masks and keypoints where the model predicts them."""
+    from graphmem.trace.targets import target_kinds
     from tests.oracles import detection_targets
 
-    heads = getattr(model, "roi_heads", None)
-    masks = bool(heads is not None and heads.has_mask())
-    keypoints = heads.keypoint_predictor.kps_score_lowres.out_channels if heads is not None and heads.has_keypoint() \
-        else 0
+    masks, keypoints = target_kinds(model)
     return detection_targets(images, masks=masks, keypoints=keypoints)
 
 

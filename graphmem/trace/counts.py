@@ -30,6 +30,7 @@ _UNIONS = frozenset({aten.bitwise_or.Tensor, aten.logical_or.default, aten.add.T
 _SAME = frozenset({aten._to_copy.default, aten.clone.default, aten.view.default, aten._unsafe_view.default,
                    aten.reshape.default, aten.alias.default, aten.detach.default, aten.squeeze.dim,
                    aten.unsqueeze.default, aten.flatten.using_ints, aten.ne.Scalar, aten.gt.Scalar})
+_FOLLOWED = _ZEROS | _FILLS | _INDEX_PUTS | _UNIONS | _SAME | {aten.cat.default}
 
 
 class NonzeroCounts:
@@ -44,6 +45,8 @@ class NonzeroCounts:
 
     def propagate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Follow the count through ``func`` when it is one of the ops above."""
+        if func not in _FOLLOWED:  # every recorded op passes here: most are none of these
+            return
         count = self._count(func, args, kwargs)
         if count is not None and isinstance(out, torch.Tensor):
             self._most[out] = min(count, hint_of(out.numel()))

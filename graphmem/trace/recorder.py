@@ -450,10 +450,11 @@ class Recorder(TorchDispatchMode):
         outs = tuple(torch.empty(shape, dtype=dtype)
                      for shape, (_, dtype) in zip(bound.shapes(count), bound.outputs, strict=True))
         op = func.__name__.split(".")[0]
-        if op in _INT8_OUTLIER_OPS:  # one note for every int8 layer
-            note = ("upper bound (int8 base): " + _INT8_OUTLIERS + "recorded with every column an outlier, the "
-                    "most there can be (declare a fraction with --assume nonzero=0.5)" if self.kept is None else
-                    f"int8 base: {_INT8_OUTLIERS}recorded with {self.kept:g} of the columns outliers, as declared "
+        if op in _INT8_OUTLIER_OPS and self.kept is None:  # one note for every int8 layer
+            note = (f"upper bound (int8 base): {_INT8_OUTLIERS}recorded with every column an outlier, the most "
+                    "there can be (declare a fraction with --assume nonzero=0.5)")
+        elif op in _INT8_OUTLIER_OPS:
+            note = (f"int8 base: {_INT8_OUTLIERS}recorded with {self.kept:g} of the columns outliers, as declared "
                     f"with --assume nonzero={self.kept:g}")
         else:
             name, module = _BOUNDED_NAMES.get(op, op), self.pending[1]

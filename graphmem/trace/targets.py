@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "takes_targets", "target_values"]
+__all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "target_kinds", "target_values"]
 
 BOXES = "boxes"  # --assume boxes=N: ground-truth boxes per image
 DEFAULT_BOXES = 8
@@ -30,7 +30,7 @@ _DETECTION_CLASSES = (("torchvision.models.detection.generalized_rcnn", "General
                       ("torchvision.models.detection.fcos", "FCOS"), ("torchvision.models.detection.ssd", "SSD"))
 
 
-def takes_targets(model: nn.Module) -> bool:
+def _takes_targets(model: nn.Module) -> bool:
     """Whether ``model`` is one of torchvision's detection models (they need targets to train)."""
     classes = tuple(getattr(sys.modules[module], name) for module, name in _DETECTION_CLASSES
                     if module in sys.modules and hasattr(sys.modules[module], name))
@@ -40,13 +40,13 @@ def takes_targets(model: nn.Module) -> bool:
 def target_values(model: nn.Module, images: torch.Tensor, boxes: int) -> list[dict[str, torch.Tensor]]:
     """Real targets for a batch of images (B x C x H x W): ``boxes`` per image (see above)."""
     batch, (height, width) = images.shape[0], tuple(int(d) for d in images.shape[-2:])
-    keypoints = _keypoints(model)
+    masks_too, keypoints = target_kinds(model)
     targets = []
     for _ in range(batch):
         corners = [(width * (k % 4) / 8, height * (k // 4 % 4) / 8) for k in range(boxes)]
         box = torch.tensor([[x, y, x + width / 2, y + height / 2] for x, y in corners], dtype=torch.float32)
         target = {"boxes": box, "labels": torch.ones(boxes, dtype=torch.int64)}
-        if _has_masks(model):
+        if masks_too:
             masks = torch.zeros(boxes, height, width, dtype=torch.uint8)
             for k, (x, y) in enumerate(corners):
                 masks[k, int(y):int(y + height / 2), int(x):int(x + width / 2)] = 1
@@ -64,7 +64,7 @@ def detection_targets(model: nn.Module, args: Sequence[Any], kwargs: dict[str, A
                       boxes: int) -> list[dict[str, torch.Tensor]] | None:
     """The real targets for the model's images (its first input), or None where the model
     takes none or the job gave them."""
-    if not takes_targets(model) or "targets" in kwargs or len(args) > 1:
+    if not _takes_targets(model) or "targets" in kwargs or len(args) > 1:
         return None
     images = args[0] if args else kwargs.get("images")
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
@@ -72,12 +72,11 @@ def detection_targets(model: nn.Module, args: Sequence[Any], kwargs: dict[str, A
     return target_values(model, images, boxes)
 
 
-def _has_masks(model: nn.Module) -> bool:
+def target_kinds(model: nn.Module) -> tuple[bool, int]:
+    """(masks, keypoints per box) the model's targets hold besides boxes and labels: masks for
+    an R-CNN with a mask head, keypoints (its predictor's count) with a keypoint head."""
     heads = getattr(model, "roi_heads", None)
-    return bool(heads is not None and heads.has_mask())
-
-
-def _keypoints(model: nn.Module) -> int:
-    heads = getattr(model, "roi_heads", None)
-    predictor = getattr(heads, "keypoint_predictor", None) if heads is not None and heads.has_keypoint() else None
-    return int(predictor.kps_score_lowres.out_channels) if predictor is not None else 0
+    if heads is None:
+        return False, 0
+    keypoints = heads.keypoint_predictor.kps_score_lowres.out_channels if heads.has_keypoint() else 0
+    return bool(heads.has_mask()), int(keypoints)

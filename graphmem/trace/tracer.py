@@ -72,7 +72,7 @@ from graphmem.trace.records import Phase, Role, SymbolicSizes, Trace
 from graphmem.trace.replica import optimizer_scalar_reads
 from graphmem.trace.rules import RuleTable, rules_for
 from graphmem.trace.targets import BOXES, DEFAULT_BOXES, detection_targets
-from graphmem.trace.values import default_assumption, describe
+from graphmem.trace.values import TARGETS, default_assumption, describe
 
 __all__ = ["trace_step", "MODES"]
 
@@ -304,7 +304,7 @@ def _declare_targets(recorder: Recorder, model: nn.Module, args: list[Any], kwar
             name = f"targets[{i}].{key}"
             recorder.add_placeholder(fake, name)
             recorder.mark(fake, Role.INPUT, name)
-            recorder.shadows.targets(fake, value)
+            recorder.shadows.built(fake, value, TARGETS)
             fakes[-1][key] = fake
     kwargs["targets"] = fakes
     parts = ", ".join(k for k in real[0] if k not in ("boxes", "labels"))

@@ -96,13 +96,10 @@ class Shadows:
                 value = _make(kind, tuple(hint_of(d) for d in fake.shape), fake.dtype)
             self._shadows[fake] = _Shadow(value, frozenset({f"{name}={kind}"}))
 
-    def built(self, fake: torch.Tensor, value: torch.Tensor) -> None:
-        """Buffer ``fake`` holds ``value``, computed when the model was built."""
-        self._shadows[fake] = _Shadow(value, frozenset({BUILT}))
-
-    def targets(self, fake: torch.Tensor, value: torch.Tensor) -> None:
-        """Input ``fake`` is a target graphmem made, of value ``value``."""
-        self._shadows[fake] = _Shadow(value, frozenset({TARGETS}))
+    def built(self, fake: torch.Tensor, value: torch.Tensor, source: str = BUILT) -> None:
+        """``fake`` holds ``value``: a buffer computed when the model was built (``BUILT``), or a
+        target graphmem made (``TARGETS``)."""
+        self._shadows[fake] = _Shadow(value, frozenset({source}))
 
     def mask_count(self, out: torch.Tensor, most: int) -> None:
         """``out`` counts the set elements of a mask whose values are unknown: taken at ``most``,
@@ -123,12 +120,12 @@ class Shadows:
 
     def propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Run ``func`` on the shadows of its arguments, when they all have one."""
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if func == torch.ops.aten.uniform_.default and hint_of(args[0].numel()) <= SHADOW_LIMIT:
             self._draw(out, args[1] if len(args) > 1 else kwargs.get("from", 0.0),
                        args[2] if len(args) > 2 else kwargs.get("to", 1.0))
             return  # it overwrites every value of its tensor: what the tensor held before does not matter
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         unknown = any(self.get(t) is None for t in tensors)
         if unknown and func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor):
             self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
