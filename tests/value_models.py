@@ -68,6 +68,38 @@ class Sampler(nn.Module):
         return self.head(x[sampled]).sum() + scores.sum()
 
 
+class SampledPositives(nn.Module):
+    """A detection model's box and mask heads in training (torchvision's RoIHeads): rows get a
+    label from their scores (2: matched, 0: background, -1: ignored); the sampler takes at most
+    ``pos`` of the rows labelled >= 1 and fills ``batch`` with rows labelled 0; the box head runs
+    on the sampled rows, the mask head on those sampled with a label > 0: whatever the scores,
+    at most ``pos`` rows, though ``batch`` were sampled."""
+
+    def __init__(self, dim: int = 32, batch: int = 16, pos: int = 4) -> None:
+        super().__init__()
+        self.batch, self.pos = batch, pos
+        self.score = nn.Linear(dim, 1)
+        self.box_head = nn.Linear(dim, 8)
+        self.mask_head = nn.Sequential(nn.Linear(dim, 1024), nn.ReLU(), nn.Linear(1024, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.score(x).squeeze(-1)
+        labels = (scores.detach() > 0).long() * 2
+        labels[scores.detach() < -0.5] = -1
+        positive = torch.where(labels >= 1)[0]
+        negative = torch.where(labels == 0)[0]
+        num_pos = min(positive.numel(), self.pos)
+        num_neg = min(negative.numel(), self.batch - num_pos)
+        pos_mask = torch.zeros_like(labels, dtype=torch.uint8)
+        neg_mask = torch.zeros_like(labels, dtype=torch.uint8)
+        pos_mask[positive[torch.randperm(positive.numel())[:num_pos]]] = 1
+        neg_mask[negative[torch.randperm(negative.numel())[:num_neg]]] = 1
+        sampled = torch.where(pos_mask | neg_mask)[0]
+        rows, sampled_labels = x[sampled], labels[sampled]
+        foreground = torch.where(sampled_labels > 0)[0]
+        return self.box_head(rows).sum() + self.mask_head(rows[foreground]).sum() + scores.sum()
+
+
 class RandomCrop(nn.Module):
     """Picks one of three lengths at random, as torchvision's detection transform picks an image
     size in training (``int(torch.empty(1).uniform_(0, n).item())``), then runs on that many rows."""

@@ -425,7 +425,9 @@ class Recorder(TorchDispatchMode):
             rule = self._rules.output_bounds.get(func)
             if rule is None or not isinstance(exc, DynamicOutputShapeException):
                 raise
-            return self._bounded(func, rule, args, kwargs, exc)
+            bounded = self._bounded(func, rule, args, kwargs, exc)
+            self.counts.propagate(func, args, kwargs, bounded)  # nonzero of a comparison: its positions
+            return bounded
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.shadows.propagate(func, args, kwargs, out)
             self.counts.propagate(func, args, kwargs, out)

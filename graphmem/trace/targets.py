@@ -1,4 +1,4 @@
-"""Ground truth a model takes as an input when it trains: torchvision's detection models.
+"""Ground truth a detection model trains on, and the sizes of the boxes it predicts.
 
 Used by stage 2 (trace).  A torchvision detection model (Faster/Mask/Keypoint R-CNN,
 RetinaNet, FCOS, SSD) in training mode computes its own losses and needs ``targets``: one
@@ -10,18 +10,27 @@ a grid, of class 1, with a mask filling the box and keypoints on its diagonal.  
 fake input whose real value is known (a shadow, graphmem.trace.values), as the model's checks
 on them read values (``degenerate boxes``).  The loss is the sum of the losses the model
 returns, as torchvision's reference training script sums them.
+
+In inference, an R-CNN reads the boxes it predicted: Mask R-CNN pastes each box's mask into
+the image at the box's size (``int(box[2] - box[0])``), Keypoint R-CNN reads keypoints from
+heatmaps resized to each box.  Those sizes depend on values graphmem does not have; each
+box is taken as covering the whole image (``predicted_boxes``), the largest a box can be
+once the box head clips it to the image, so the memory of every paste is at its most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "target_kinds", "target_values"]
+from graphmem.trace._torch_api import hint_of, unset_fake_temporarily
+
+__all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "predicted_boxes", "target_kinds", "target_values"]
 
 BOXES = "boxes"  # --assume boxes=N: ground-truth boxes per image
 DEFAULT_BOXES = 8
@@ -80,3 +89,29 @@ def target_kinds(model: nn.Module) -> tuple[bool, int]:
         return False, 0
     keypoints = heads.keypoint_predictor.kps_score_lowres.out_channels if heads.has_keypoint() else 0
     return bool(heads.has_mask()), int(keypoints)
+
+
+@contextlib.contextmanager
+def predicted_boxes(model: nn.Module, known: Callable[[torch.Tensor, torch.Tensor], None]) -> Iterator[None]:
+    """While open, the boxes ``model`` (an R-CNN) predicts are given to ``known`` with their
+    values taken as the whole image each (x1 y1 x2 y2 = 0 0 width height: see above)."""
+    heads = getattr(model, "roi_heads", None)
+    if not _takes_targets(model) or heads is None or not hasattr(heads, "postprocess_detections"):
+        yield
+        return
+    original = heads.postprocess_detections
+
+    def postprocess(*args: Any, **kwargs: Any) -> Any:
+        boxes, scores, labels = original(*args, **kwargs)
+        shapes = args[3] if len(args) > 3 else kwargs["image_shapes"]
+        for box, (height, width) in zip(boxes, shapes, strict=True):
+            with unset_fake_temporarily():
+                whole = torch.tensor([0.0, 0.0, float(width), float(height)], dtype=box.dtype)
+                known(box, whole.expand(tuple(hint_of(d) for d in box.shape)).contiguous())
+        return boxes, scores, labels
+
+    heads.postprocess_detections = postprocess  # on this instance only, for this recording
+    try:
+        yield
+    finally:
+        del heads.postprocess_detections

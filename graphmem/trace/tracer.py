@@ -71,8 +71,8 @@ from graphmem.trace.recorder import Recorder
 from graphmem.trace.records import Phase, Role, SymbolicSizes, Trace
 from graphmem.trace.replica import optimizer_scalar_reads
 from graphmem.trace.rules import RuleTable, rules_for
-from graphmem.trace.targets import BOXES, DEFAULT_BOXES, detection_targets
-from graphmem.trace.values import TARGETS, default_assumption, describe
+from graphmem.trace.targets import BOXES, DEFAULT_BOXES, detection_targets, predicted_boxes
+from graphmem.trace.values import PREDICTED_BOXES, TARGETS, default_assumption, describe
 
 __all__ = ["trace_step", "MODES"]
 
@@ -421,7 +421,8 @@ def _run_inference(model: nn.Module, args: list[Any], kwargs: dict[str, Any], re
                    autocast: Callable[[], AbstractContextManager[Any]]) -> None:
     model.eval()
     recorder.phase = Phase.FORWARD
-    with torch.no_grad(), autocast():
+    boxes = functools.partial(recorder.shadows.built, source=PREDICTED_BOXES)
+    with torch.no_grad(), autocast(), predicted_boxes(model, boxes):
         out = model(*args, **kwargs)
     _mark_output(recorder, out)
     recorder.poll()  # the output is still referenced here: it stays live to the end

@@ -53,6 +53,7 @@ _CHOICES = frozenset({torch.ops.aten.topk.default, torch.ops.aten.argmax.default
                       torch.ops.aten.max.dim, torch.ops.aten.min.dim})
 BUILT = "values computed when built"  # the source of buffers' shadows (graphmem.job.values)
 TARGETS = "targets made by graphmem"  # a detection model's targets (graphmem.trace.targets; noted there)
+PREDICTED_BOXES = "predicted boxes covering the image"  # an R-CNN's boxes, read in inference (trace.targets)
 MASK_COUNT = "a mask's count at its most"  # how many elements of a mask of unknown values are set
 
 
@@ -97,8 +98,8 @@ class Shadows:
             self._shadows[fake] = _Shadow(value, frozenset({f"{name}={kind}"}))
 
     def built(self, fake: torch.Tensor, value: torch.Tensor, source: str = BUILT) -> None:
-        """``fake`` holds ``value``: a buffer computed when the model was built (``BUILT``), or a
-        target graphmem made (``TARGETS``)."""
+        """``fake`` holds ``value``: a buffer computed when the model was built (``BUILT``), a
+        target graphmem made (``TARGETS``), or a box taken as the whole image (``PREDICTED_BOXES``)."""
         self._shadows[fake] = _Shadow(value, frozenset({source}))
 
     def mask_count(self, out: torch.Tensor, most: int) -> None:
@@ -279,11 +280,16 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     if BUILT in used:
         notes.append("the model reads values of its buffers (a padding size, a stride): answered with the values "
                      "its constructor computed, as a run of the model as built")
+    if PREDICTED_BOXES in used:
+        notes.append("upper bound: the model reads the sizes of the boxes it predicts (to paste each mask into the "
+                     "image at its box's size, or to read keypoints from heatmaps resized to it); each box was "
+                     "taken as covering the whole image, the largest it can be")
     if MASK_COUNT in used:
         notes.append("upper bound: the model reads how many elements of a mask are set (a count of foreground "
                      "anchors, say) where the mask depends on values; taken as the most they can be")
     notes += [_ROUTING_NOTES[routing] for routing in ROUTINGS if _routed(routing) in used]
-    for item in sorted(used - {RANDOM_DRAW, FINITE, BUILT, TARGETS, MASK_COUNT, *map(_routed, ROUTINGS)}):
+    named = {RANDOM_DRAW, FINITE, BUILT, TARGETS, PREDICTED_BOXES, MASK_COUNT, *map(_routed, ROUTINGS)}
+    for item in sorted(used - named):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "

@@ -11,7 +11,7 @@ import torch
 
 import graphmem
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training
-from tests.value_models import LoopMoE, RandomCrop, RowGate, Sampler, Selects
+from tests.value_models import LoopMoE, RandomCrop, RowGate, SampledPositives, Sampler, Selects
 
 SHAPE = (64, 32)
 
@@ -36,7 +36,7 @@ def test_an_input_keeping_every_element_reaches_the_bound(build: Callable[[], An
     assert any("upper bound" in a for a in report.train.assumptions)
 
 
-@pytest.mark.parametrize("build", [RowGate, Selects, LoopMoE, Sampler], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("build", [RowGate, Selects, LoopMoE, Sampler, SampledPositives], ids=lambda b: b.__name__)
 def test_random_inputs_stay_within_the_bound(build: Callable[[], Any]) -> None:
     report = _predicted(build)
     for seed in range(3):
@@ -66,6 +66,20 @@ def test_a_mask_set_from_zeros_is_bounded_by_what_was_set() -> None:
         for predicted, real in ((report.inference.peak_bytes, inference), (report.train.peak_bytes, train)):
             assert real <= predicted <= real + SHAPE[0] * 8, (seed, predicted, real)
     assert any("recorded keeping 16 elements" in a for a in report.train.assumptions)
+
+
+def test_the_sampled_rows_labelled_positive_are_at_most_the_samplers_positives() -> None:
+    """SampledPositives' mask head runs on the sampled rows whose label is > 0: of the 16 sampled
+    rows, those can only be the at most 4 taken from the rows labelled >= 1 (the others were
+    taken from rows labelled 0), and the bound counts 4, not 16.  Training: to the byte; inference
+    above only by the index lists of all positive and all negative rows (each bounded by 64)."""
+    report = _predicted(SampledPositives)
+    for seed in range(3):
+        x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
+        inference, train = _measured(SampledPositives, x)
+        assert report.train.peak_bytes == train, (seed, report.train.peak_bytes, train)
+        assert inference <= report.inference.peak_bytes <= inference + 2 * SHAPE[0] * 8, (seed, inference)
+    assert any("recorded keeping 4 elements" in a for a in report.train.assumptions)
 
 
 def test_a_random_choice_takes_its_last_option() -> None:
