@@ -75,9 +75,9 @@ class SampledPositives(nn.Module):
     on the sampled rows, the mask head on those sampled with a label > 0: whatever the scores,
     at most ``pos`` rows, though ``batch`` were sampled."""
 
-    def __init__(self, dim: int = 32, batch: int = 16, pos: int = 4) -> None:
+    def __init__(self, dim: int = 32, batch: int = 16, pos: int = 4, relabel: bool = False) -> None:
         super().__init__()
-        self.batch, self.pos = batch, pos
+        self.batch, self.pos, self.relabel = batch, pos, relabel  # relabel: every row positive once sampled
         self.score = nn.Linear(dim, 1)
         self.box_head = nn.Linear(dim, 8)
         self.mask_head = nn.Sequential(nn.Linear(dim, 1024), nn.ReLU(), nn.Linear(1024, 8))
@@ -95,6 +95,8 @@ class SampledPositives(nn.Module):
         pos_mask[positive[torch.randperm(positive.numel())[:num_pos]]] = 1
         neg_mask[negative[torch.randperm(negative.numel())[:num_neg]]] = 1
         sampled = torch.where(pos_mask | neg_mask)[0]
+        if self.relabel:
+            labels.fill_(2)
         rows, sampled_labels = x[sampled], labels[sampled]
         foreground = torch.where(sampled_labels > 0)[0]
         return self.box_head(rows).sum() + self.mask_head(rows[foreground]).sum() + scores.sum()

@@ -3,6 +3,7 @@ that keeps every element reaches the bound to the byte; random inputs stay at or
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +81,17 @@ def test_the_sampled_rows_labelled_positive_are_at_most_the_samplers_positives()
         assert report.train.peak_bytes == train, (seed, report.train.peak_bytes, train)
         assert inference <= report.inference.peak_bytes <= inference + 2 * SHAPE[0] * 8, (seed, inference)
     assert any("recorded keeping 4 elements" in a for a in report.train.assumptions)
+
+
+def test_labels_written_after_sampling_are_not_taken_as_sampled() -> None:
+    """The same model relabelling every row positive after sampling: all 16 sampled rows reach
+    the mask head, and the bound (which no longer takes the labels as sampled) covers them."""
+    build = functools.partial(SampledPositives, relabel=True)
+    report = _predicted(build)
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    inference, train = _measured(build, x)
+    assert inference <= report.inference.peak_bytes and train <= report.train.peak_bytes
+    assert not any("recorded keeping 4 elements" in a for a in report.train.assumptions)
 
 
 def test_a_random_choice_takes_its_last_option() -> None:
