@@ -931,8 +931,9 @@ EXPLANATIONS: list[tuple[str, str]] = [
      "embeddings); the inference recording's fake tensor reaches the training recording"),
     ("routing assumed uneven", "graphmem took the router's choices as --assume routing=uneven (its default) "
      "spreads them, and a real run routed the same way is exact; the real run here routes by its random values"),
-    ("upper bound", "graphmem recorded a value-dependent op at its worst case (every element kept) and "
-     "says so; the real run, on random inputs, kept fewer"),
+    ("upper bound", "graphmem recorded a value-dependent op at its worst case (every element kept, or as many "
+     "as the model's own sampler can pick; a predicted box as the whole image) and says so; the real run, on "
+     "random inputs and weights, kept fewer"),
     ("_ctc_loss", "CTC loss needs the values of the target lengths, and they are not known here (not computed "
      "from an assumed input)"),
     ("mask", "a value of a mask computed from the attention mask (an input, assumed all ones): the known values "

@@ -67,6 +67,30 @@ class TiedAutoencoder(nn.Module):
         return F.linear(torch.tanh(self.enc(x)), self.enc.weight.t(), self.bias)
 
 
+class _UsesShared(nn.Module):
+    def __init__(self, shared: nn.Module, dim: int) -> None:
+        super().__init__()
+        self.shared, self.own = shared, nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.own(torch.relu(self.shared(x)))
+
+
+class SharedModule(nn.Module):
+    """One module held by the model and by each of its blocks (as CoaT shares its position
+    encodings): its parameters are reached by three paths and held once."""
+
+    def __init__(self, dim: int = 256) -> None:
+        super().__init__()
+        self.encoding = nn.Linear(dim, dim)
+        self.blocks = nn.ModuleList([_UsesShared(self.encoding, dim) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 class CheckpointedMLP(nn.Module):
     """Two blocks run through torch.utils.checkpoint (non-reentrant), one plain head."""
 
@@ -184,6 +208,7 @@ ZOO: tuple[ZooModel, ...] = (
     ZooModel("gpt", lambda: GPT(vocab=100, dim=64, layers=2, heads=4, max_seq=64), ("2x16:int64",),
              loss="cross_entropy"),
     ZooModel("tied_autoencoder", TiedAutoencoder, ("8x256",), loss="mean"),
+    ZooModel("shared_module", SharedModule, ("8x256",)),
     ZooModel("bf16_mlp", bf16_mlp, ("8x256:bf16",)),
     ZooModel("checkpointed_mlp", CheckpointedMLP, ("8x128",)),
 )
