@@ -13,6 +13,7 @@ the real run gets the same ones (tests/oracles.py, ``detection_targets``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +81,10 @@ def architecture(model_type: str) -> tuple[Callable[[], Any], str, str, list[Inp
     variants = _variants(task)
     if name == "inception_v3":  # its auxiliary head (training) needs the 299 x 299 it was made for
         variants.append([("x", (2, 3, 299, 299), "float")])
+    made_for = re.search(r"_(\d{3})$", name)  # timm's maxvit_nano_rw_256: windows that tile 256, not 224
+    if library == "timm" and made_for and int(made_for.group(1)) not in (64, 224):
+        size = int(made_for.group(1))
+        variants.append([("x", (2, 3, size, size), "float")])
     if name.startswith("lraspp"):  # LRASPP.forward(self, input)
         variants = [[("input", shape, kind) for _, shape, kind in v] for v in variants]
     return build, name, task, variants
