@@ -102,6 +102,28 @@ class SampledPositives(nn.Module):
         return self.box_head(rows).sum() + self.mask_head(rows[foreground]).sum() + scores.sum()
 
 
+class PredictedLength(nn.Module):
+    """A text-to-speech length regulator (FastSpeech 2's, VITS'): each input row lasts a number
+    of output frames the model predicts from its activations; the rows are repeated that often
+    (``repeat_interleave``) and the total read as a number.  Nothing bounds the length but the
+    values: graphmem needs ``--assume reads=N``.  ``total`` keeps the real run's length."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.duration = nn.Linear(dim, 1)
+        self.decoder = nn.Sequential(nn.Linear(dim, 512), nn.ReLU(), nn.Linear(512, 8))
+        self.total = -1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        durations = torch.clamp(torch.round(self.duration(x).squeeze(-1).exp() * 4), min=1).long()
+        if durations.sum() == 0:  # a condition on predicted values
+            durations[0] = 1
+        frames = torch.repeat_interleave(x, durations, dim=0)
+        self.total = int(durations.sum())
+        positions = torch.arange(self.total, dtype=x.dtype).unsqueeze(-1)
+        return self.decoder(frames + positions)
+
+
 class RandomCrop(nn.Module):
     """Picks one of three lengths at random, as torchvision's detection transform picks an image
     size in training (``int(torch.empty(1).uniform_(0, n).item())``), then runs on that many rows."""

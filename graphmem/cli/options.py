@@ -126,7 +126,9 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                           "their most, instead of all (an upper bound). routing=uneven|balanced: how top-k / "
                           "argmax choices made from unknown values (an MoE router's) are spread; default uneven. "
                           "boxes=N: ground-truth boxes per image for a torchvision detection model trained "
-                          "without targets; default 8. Repeatable."),
+                          "without targets; default 8. reads=N: a number the model reads from values it "
+                          "computed (a predicted length, a condition on activations) is taken as N; without it "
+                          "such a read stops the analysis. Repeatable."),
         click.Option(["--kwargs", "model_kwargs"], type=JsonObjectType(), default=None,
                      help="JSON object of keyword arguments for the model class or factory."),
         click.Option(["--mode"], type=click.Choice(list(modes)), default=default_mode, show_default=True,

@@ -15,7 +15,7 @@ import torch
 
 from graphmem.errors import UserInputError
 
-__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "ROUTING", "ROUTINGS",
+__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "READ_VALUE", "ROUTING", "ROUTINGS",
            "GenerateSpec", "InputSpec", "input_dims", "input_symbol", "parse_assumption", "parse_dtype",
            "parse_generate", "parse_input_spec", "parse_sweep", "spec_at", "substitute", "validate_inputs"]
 
@@ -129,6 +129,8 @@ KEPT_FRACTION = "nonzero"
 # --assume routing=uneven|balanced: the choices top-k / argmax make on values graphmem does not have
 ROUTING = "routing"
 ROUTINGS = ("uneven", "balanced")
+# --assume reads=N: a number the model reads from values graphmem does not have is taken as N
+READ_VALUE = "reads"
 
 
 def parse_assumption(text: str) -> tuple[str, str]:
@@ -146,6 +148,12 @@ def parse_assumption(text: str) -> tuple[str, str]:
             raise UserInputError(f"malformed --assume {text!r}; expected {KEPT_FRACTION}=F with F a fraction in "
                                  "[0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
         return KEPT_FRACTION, repr(fraction)
+    if name.strip() == READ_VALUE:
+        if not value.isdigit():
+            raise UserInputError(f"malformed --assume {text!r}; expected {READ_VALUE}=N with N a whole number, e.g. "
+                                 "reads=1000: each number the model reads from values it computed (a predicted "
+                                 "length) is taken as 1000")
+        return READ_VALUE, value
     if name.strip() == ROUTING:
         if value not in ROUTINGS:
             raise UserInputError(f"malformed --assume {text!r}; expected {ROUTING}=uneven (every expert gets a token, "

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import linecache
 import math
 import operator
 import os
+import sys
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -56,6 +58,7 @@ from graphmem.trace.values import Shadows
 __all__ = ["Recorder", "fixed_outputs"]
 
 _READ = torch.ops.aten._local_scalar_dense.default
+_REPEAT = torch.ops.aten.repeat_interleave.Tensor  # no bound: as long as the sum of its repeats
 _HELD = frozenset({Role.PARAMETER, Role.BUFFER, Role.INPUT})
 # FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
 # real run input and output are one tensor, so only the output is counted.
@@ -211,6 +214,8 @@ class Recorder(TorchDispatchMode):
         self.counts = NonzeroCounts()  # masks built from zeros by setting k elements
         self._dtype_checked: dict[Any, str] = {}
         self.kept: float | None = None  # --assume nonzero=F: value-dependent sizes at F of their most
+        self.read_value: int | None = None  # --assume reads=N: a read of unknown values gives N
+        self.declared: dict[str, set[str]] = {}  # where it answered (the model's line) -> modules
         # sizes as symbols (graphmem.trace.symbolic): op index -> (scratch bytes, flops) as
         # expressions, for the ops where either is one
         self.op_sizes: dict[int, tuple[Any, Any]] = {}
@@ -422,6 +427,10 @@ class Recorder(TorchDispatchMode):
             answered = self._from_values(func, args, kwargs)
             if answered is not None:
                 return answered
+            if func == _READ and self.read_value is not None:
+                return self._declared_read(args[0])
+            if func == _REPEAT and self.read_value is not None:
+                return self._declared_size(func, args)
             rule = self._rules.output_bounds.get(func)
             if rule is None or not isinstance(exc, DynamicOutputShapeException):
                 raise
@@ -435,6 +444,32 @@ class Recorder(TorchDispatchMode):
                 most = self.counts.most(args[0])
                 self.shadows.mask_count(out, hint_of(args[0].numel()) if most is None else most)
         return out
+
+    def _declared_read(self, t: torch.Tensor) -> Any:
+        """A number read from values no shadow knows, as declared with ``--assume reads=N``: N in
+        the tensor's kind (a condition: true unless N is 0)."""
+        n = self.read_value
+        assert n is not None
+        value: Any = bool(n) if t.dtype == torch.bool else float(n) if t.is_floating_point() else n
+        self._note_declared(f"`{_model_line()}` read as {value}")
+        return value
+
+    def _declared_size(self, func: Any, args: Any) -> torch.Tensor:
+        """``repeat_interleave`` of repeats no shadow knows (its output as long as their sum), as
+        declared with ``--assume reads=N``: N elements."""
+        assert self.read_value is not None
+        self._note_declared(f"`{_model_line()}` repeating to {self.read_value} elements")
+        return torch.empty(self.read_value, dtype=args[0].dtype)
+
+    def _note_declared(self, what: str) -> None:
+        """Where a declared value answered, once per line of the model's code (modules counted)."""
+        self.declared.setdefault(what, set()).add(self.pending[1])
+
+    def declared_notes(self) -> list[str]:
+        """The report's notes on ``--assume reads=N``: each line of the model's code it answered."""
+        return [f"a value the model computes and reads was taken as declared with --assume reads={self.read_value}: "
+                f"{what}{f' (in {len(modules)} modules)' if len(modules) > 1 else ''}; the peak holds for that value"
+                for what, modules in self.declared.items()]
 
     def _bounded(self, func: Any, rule: Rule, args: Any, kwargs: Any, exc: Exception) -> Any:
         """Outputs at the op's largest size (``output_bounds`` rules), or at the declared
@@ -563,3 +598,14 @@ class Recorder(TorchDispatchMode):
             StorageRecord(sid=s.sid, nbytes=s.nbytes, created=s.created, released=s.released,
                           roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
             for s in self.storages)
+
+
+def _model_line() -> str:
+    """The innermost line of the model's own code on the stack (not torch's, not graphmem's)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not any(part in path for part in ("/torch/", "/graphmem/", "<")):
+            return linecache.getline(path, frame.f_lineno).split("  #")[0].strip()[:100]
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.parallel import ParallelSpec
-from graphmem.job.spec import KEPT_FRACTION, ROUTING, InputSpec
+from graphmem.job.spec import KEPT_FRACTION, READ_VALUE, ROUTING, InputSpec
 from graphmem.job.step import AMP_DTYPES, StepConfig
 from graphmem.trace import generation
 from graphmem.trace._torch_api import (
@@ -175,7 +175,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                     else:
                         kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
                 recorder.poll(everything=True)
-    notes = recorder.assumptions + describe(recorder.shadows.used, assume or {})
+    notes = recorder.assumptions + recorder.declared_notes() + describe(recorder.shadows.used, assume or {})
     sizes = None
     if size is not None and not recorder.shadows.used and not recorder.bounded:  # else: values at the hint
         assert symbol is not None
@@ -266,8 +266,11 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
     ``nonzero``, the fraction value-dependent sizes keep)."""
     if KEPT_FRACTION in assume:
         recorder.kept = float(assume[KEPT_FRACTION])
+    if READ_VALUE in assume:
+        recorder.read_value = int(assume[READ_VALUE])
     recorder.shadows.routing = assume.get(ROUTING, recorder.shadows.routing)
-    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - {KEPT_FRACTION, ROUTING, BOXES}
+    named = {KEPT_FRACTION, READ_VALUE, ROUTING, BOXES}  # assumptions that are not about one input
+    unknown = set(assume) - {s.name or f"input_{i}" for i, s in enumerate(specs)} - named
     if unknown:
         raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
                              f"inputs: {', '.join(s.name or f'input_{i}' for i, s in enumerate(specs))}")
@@ -740,7 +743,8 @@ def _errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
         raise TraceError(f"{_where(recorder, model)} reads a tensor's value: data-dependent control "
                          "flow such as `if x.sum() > 0`, .item(), or an output shape that depends on "
                          "values; graphmem runs on fake tensors that hold no values. Make that code "
-                         "depend on shapes only") from exc
+                         "depend on shapes only, or declare what such a read gives with --assume reads=N "
+                         "(e.g. a predicted length)") from exc
     except UnsupportedOperatorException as exc:
         raise UnsupportedError(f"{_where(recorder, model)} calls {exc}, an op with no meta/fake "
                                "implementation in this torch; graphmem cannot size it") from exc

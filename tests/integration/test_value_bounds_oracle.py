@@ -12,7 +12,7 @@ import torch
 
 import graphmem
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training
-from tests.value_models import LoopMoE, RandomCrop, RowGate, SampledPositives, Sampler, Selects
+from tests.value_models import LoopMoE, PredictedLength, RandomCrop, RowGate, SampledPositives, Sampler, Selects
 
 SHAPE = (64, 32)
 
@@ -111,3 +111,20 @@ def test_a_random_choice_takes_its_last_option() -> None:
         assert inference <= report.inference.peak_bytes and train <= report.train.peak_bytes
     assert (report.inference.peak_bytes, report.train.peak_bytes) == max(peaks)
     assert any("random draw" in a for a in report.train.assumptions)
+
+
+def test_a_predicted_length_declared_with_reads_matches_a_real_run_of_that_length() -> None:
+    """PredictedLength reads how many frames its activations ask for: refused with the way out
+    named, then, with that number declared (the real run's, from the same weights), exact."""
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(graphmem.TraceError, match="--assume reads=N"):
+        graphmem.analyze(PredictedLength, [f"{SHAPE[0]}x{SHAPE[1]}"], loss="sum", optimizer="adam")
+    torch.manual_seed(0)  # the weights the oracle's runs build
+    real_model = PredictedLength()
+    real_model(x)
+    assert real_model.total > SHAPE[0]  # rows repeated: the length is the model's own
+    report = _predicted(PredictedLength, assume={"reads": str(real_model.total)})
+    assert (report.inference.peak_bytes, report.train.peak_bytes) == _measured(PredictedLength, x)
+    notes = [a for a in report.train.assumptions if "--assume reads=" in a]
+    assert any(f"read as {real_model.total}" in a for a in notes), notes
+    assert any(f"repeating to {real_model.total} elements" in a for a in notes), notes
