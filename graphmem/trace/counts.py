@@ -198,7 +198,8 @@ class NonzeroCounts:
             self._set(self._points, func, out, self._get(self._compared, x))
             self._set(self._pieces, func, out, self._get(self._pieces, x))
             return
-        if x.dim() != 2 or hint_of(x.shape[1]) != 1 or args[1] not in (1, -1):
+        dim = args[1] if len(args) > 1 else 0  # (a dim given by keyword: not followed)
+        if x.dim() != 2 or hint_of(x.shape[1]) != 1 or dim not in (1, -1):
             return
         column = out[0] if func == aten.unbind.int else out
         for facts in (self._points, self._pieces):
