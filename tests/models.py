@@ -91,6 +91,20 @@ class SharedModule(nn.Module):
         return x
 
 
+class RunningRange(nn.Module):
+    """Keeps the running maximum of its inputs as a buffer assigned anew each call (as I-BERT's
+    quantizers keep their range): a real run frees the old buffer at the assignment."""
+
+    def __init__(self, dim: int = 256) -> None:
+        super().__init__()
+        self.register_buffer("top", torch.zeros(64, dim))
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.top = torch.maximum(self.top, x.detach().amax(0, keepdim=True).expand(64, -1))
+        return self.fc(x) * self.top.mean()
+
+
 class CheckpointedMLP(nn.Module):
     """Two blocks run through torch.utils.checkpoint (non-reentrant), one plain head."""
 
@@ -209,6 +223,7 @@ ZOO: tuple[ZooModel, ...] = (
              loss="cross_entropy"),
     ZooModel("tied_autoencoder", TiedAutoencoder, ("8x256",), loss="mean"),
     ZooModel("shared_module", SharedModule, ("8x256",)),
+    ZooModel("running_range", RunningRange, ("8x256",)),
     ZooModel("bf16_mlp", bf16_mlp, ("8x256:bf16",)),
     ZooModel("checkpointed_mlp", CheckpointedMLP, ("8x128",)),
 )

@@ -220,6 +220,7 @@ class Recorder(TorchDispatchMode):
         # expressions, for the ops where either is one
         self.op_sizes: dict[int, tuple[Any, Any]] = {}
         self.bounded = False  # a value-dependent op was recorded at its bound
+        self._replaced: list[tuple[torch.Tensor, _Storage, int]] = []  # buffers assigned over: (old, record, at)
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -286,6 +287,29 @@ class Recorder(TorchDispatchMode):
     def add_placeholder(self, t: torch.Tensor, name: str) -> None:
         node = self.graph.placeholder(name.replace(".", "_"))
         self._nodes[t] = node
+
+    def buffer_replaced(self, old: torch.Tensor, new: Any) -> None:
+        """The model assigned ``new`` over its buffer ``old`` (``self.x_min = self.x_min + x``):
+        a real run frees ``old`` then, unless something else holds it (``release_replaced``)."""
+        if old is new or (isinstance(new, torch.Tensor) and storage_key(local_tensor(new))[0]
+                          == storage_key(local_tensor(old))[0]):
+            return  # the same storage (an in-place update, a view of it)
+        rec = self._live.get(storage_key(local_tensor(old))[0])
+        if rec is not None and Role.BUFFER in rec.roles and rec.released is None:
+            self._replaced.append((old, rec, len(self.ops) - 1))
+
+    def release_replaced(self, held: set[int]) -> None:
+        """Release the buffers the model assigned over and no module holds any more (``held``:
+        the ids of the tensors its modules hold now): after their last use, or when replaced."""
+        dropped = {rec.sid: (rec, at) for old, rec, at in self._replaced if id(old) not in held}
+        last: dict[int, int] = {}
+        for op in self.ops:
+            for sid in op.inputs:
+                if sid in dropped:
+                    last[sid] = op.index
+        for sid, (rec, at) in dropped.items():
+            rec.released = max(at, last.get(sid, at))
+            self._live.pop(rec.cdata, None)
 
     def poll(self, everything: bool = False) -> None:
         """Note every storage released since the last op: it was live until that op.

@@ -163,6 +163,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                 autocast = functools.partial(_autocast, step, target, cuda is not None)
                 with fake_mode, recorder, cuda or contextlib.nullcontext(), _not_tracing_to_libraries(), \
                         _no_op_swaps(), _checks_pass(recorder), _cuda_autocast_rules(cuda is not None, step), \
+                        _buffers_replaced(recorder), \
                         following_resizes(recorder.resized):
                     if pipeline is not None:
                         _run_pipeline(pipeline, args, kwargs, recorder, step, target, autocast)
@@ -175,6 +176,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                     else:
                         kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
                 recorder.poll(everything=True)
+                recorder.release_replaced({id(b) for b in inner.buffers()})
     notes = recorder.assumptions + recorder.declared_notes() + describe(recorder.shadows.used, assume or {})
     sizes = None
     if size is not None and not recorder.shadows.used and not recorder.bounded:  # else: values at the hint
@@ -319,6 +321,22 @@ def _declare_targets(recorder: Recorder, model: nn.Module, args: list[Any], kwar
 
 CHECK_PASSED = ("the model asserts a condition on its values (torch._check_tensor_all, as transformers' "
                 "torch_compilable_check calls it); taken to hold, as it does in every run that completes")
+
+
+@contextlib.contextmanager
+def _buffers_replaced(recorder: Recorder) -> Iterator[None]:
+    """While recording, tell ``recorder`` of each buffer the model assigns over (I-BERT's
+    quantizers keep their running range so: ``self.x_min = torch.min(self.x_min, x_min)``)."""
+    def hook(module: nn.Module, name: str, value: Any) -> None:
+        old = module._buffers.get(name)
+        if isinstance(old, torch.Tensor):
+            recorder.buffer_replaced(old, value)
+
+    handle = torch.nn.modules.module.register_module_buffer_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager
