@@ -106,8 +106,8 @@ class NonzeroCounts:
         """Follow the count through ``func`` when it is one of the ops above."""
         if func not in _FOLLOWED:  # every recorded op passes here: most are none of these
             return
-        self._follow(func, args, out)
         count = self._count(func, args, kwargs)
+        self._follow(func, args, out, count)
         if isinstance(out, torch.Tensor):
             by_value = self._by_value(func, args)
             counts = [c for c in (count, by_value) if c is not None]
@@ -155,7 +155,7 @@ class NonzeroCounts:
         wanted = _COMPARISONS[func](args[1])
         return int(sum(k for k, values in parts if _meets(values, wanted)))
 
-    def _follow(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+    def _follow(self, func: Any, args: tuple[Any, ...], out: Any, count: int | None) -> None:
         x: Any = args[0] if args else None
         if func in _COMPARISONS and _integer_comparison(args) and x.dim() == 1:
             self._set(self._compared, func, out, _Positions(weakref.ref(x), x._version, _COMPARISONS[func](args[1])))
@@ -163,7 +163,7 @@ class NonzeroCounts:
             self._columns(func, args, out)
         elif func == aten.index.Tensor:
             self._select(func, args, out)
-        elif func in _ZEROS or (func in _FILLS and self._count(func, args, {}) == 0):
+        elif (func in _ZEROS or func in _FILLS) and count == 0:  # nothing set yet
             self._set(self._pieces, func, out, ())
         elif func in _INDEX_PUTS:
             self._set(self._pieces, func, out, self._put(args))

@@ -56,13 +56,12 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
     originals: list[tuple[dict[str, Any], str, Any]] = []
     memo: dict[int, torch.Tensor] = {}
     names: dict[torch.Tensor, tuple[str, Role]] = {}
-    swapped: set[int] = set()  # ids of the fakes put in (memo keeps them alive)
     try:
-        for prefix, module in model.named_modules(remove_duplicate=False):
+        for prefix, module in model.named_modules():  # once each, a module shared between parents too
             for table, role in ((module._parameters, Role.PARAMETER), (module._buffers, Role.BUFFER)):
                 for key, value in list(table.items()):
-                    if value is None or id(value) in swapped:
-                        continue  # a module shared between parents (CoaT's position encodings): swapped already
+                    if value is None:
+                        continue
                     if id(value) not in memo:
                         memo[id(value)] = fake_copy(value, mode, device, dtype)
                         name = f"{prefix}.{key}" if prefix else key
@@ -74,7 +73,6 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
                             names[tensor] = (f"{name}.{attribute}", role)
                     originals.append((table, key, value))
                     table[key] = memo[id(value)]
-                    swapped.add(id(table[key]))
         yield dict(sorted(names.items(), key=lambda kv: kv[1][1] != Role.PARAMETER)), values
     finally:
         for table, key, value in reversed(originals):

@@ -291,16 +291,19 @@ class Recorder(TorchDispatchMode):
     def buffer_replaced(self, old: torch.Tensor, new: Any) -> None:
         """The model assigned ``new`` over its buffer ``old`` (``self.x_min = self.x_min + x``):
         a real run frees ``old`` then, unless something else holds it (``release_replaced``)."""
-        if old is new or (isinstance(new, torch.Tensor) and storage_key(local_tensor(new))[0]
-                          == storage_key(local_tensor(old))[0]):
+        cdata = storage_key(local_tensor(old))[0]
+        if isinstance(new, torch.Tensor) and storage_key(local_tensor(new))[0] == cdata:
             return  # the same storage (an in-place update, a view of it)
-        rec = self._live.get(storage_key(local_tensor(old))[0])
+        rec = self._live.get(cdata)
         if rec is not None and Role.BUFFER in rec.roles and rec.released is None:
             self._replaced.append((old, rec, len(self.ops) - 1))
 
-    def release_replaced(self, held: set[int]) -> None:
-        """Release the buffers the model assigned over and no module holds any more (``held``:
-        the ids of the tensors its modules hold now): after their last use, or when replaced."""
+    def release_replaced(self, model: nn.Module) -> None:
+        """Release the buffers the model assigned over and none of its modules holds any more:
+        after their last use, or when replaced.  (Most models replace none: nothing to do.)"""
+        if not self._replaced:
+            return
+        held = {id(b) for b in model.buffers()}
         dropped = {rec.sid: (rec, at) for old, rec, at in self._replaced if id(old) not in held}
         last: dict[int, int] = {}
         for op in self.ops:
@@ -454,7 +457,7 @@ class Recorder(TorchDispatchMode):
             if func == _READ and self.read_value is not None:
                 return self._declared_read(args[0])
             if func == _REPEAT and self.read_value is not None:
-                return self._declared_size(func, args)
+                return self._declared_size(args)
             rule = self._rules.output_bounds.get(func)
             if rule is None or not isinstance(exc, DynamicOutputShapeException):
                 raise
@@ -478,7 +481,7 @@ class Recorder(TorchDispatchMode):
         self._note_declared(f"`{_model_line()}` read as {value}")
         return value
 
-    def _declared_size(self, func: Any, args: Any) -> torch.Tensor:
+    def _declared_size(self, args: Any) -> torch.Tensor:
         """``repeat_interleave`` of repeats no shadow knows (its output as long as their sum), as
         declared with ``--assume reads=N``: N elements."""
         assert self.read_value is not None

@@ -176,7 +176,7 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
                     else:
                         kv_bytes = _run_generation(model, kwargs, recorder, mode, autocast)
                 recorder.poll(everything=True)
-                recorder.release_replaced({id(b) for b in inner.buffers()})
+                recorder.release_replaced(inner)
     notes = recorder.assumptions + recorder.declared_notes() + describe(recorder.shadows.used, assume or {})
     sizes = None
     if size is not None and not recorder.shadows.used and not recorder.bounded:  # else: values at the hint
