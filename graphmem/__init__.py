@@ -13,18 +13,40 @@ else may change between releases.
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from typing import TYPE_CHECKING, Any
 
 # torch warns at import when NumPy is missing; graphmem never uses NumPy through torch.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
-from graphmem.api import PeakCurve, analyze, analyze_curve  # noqa: E402
-from graphmem.errors import GraphmemError, OutputError, TraceError, UnsupportedError, UserInputError  # noqa: E402
-from graphmem.job import InputSpec, Job, StepConfig, make_job, parse_input_spec  # noqa: E402
-from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["analyze", "analyze_curve", "Category", "GraphmemError", "InputSpec", "Job", "Lifetime", "MemoryReport",
            "ModeReport", "OutputError", "PeakCurve", "PeakInfo", "PhasePeak", "StepConfig", "TraceError",
            "UnsupportedError", "UserInputError", "make_job", "parse_input_spec", "__version__"]
+
+# Imported on first use (PEP 562), so that the command line starts without torch: its
+# supervising process never needs it (graphmem.cli.supervisor).
+_WHERE = {
+    "graphmem.api": ("PeakCurve", "analyze", "analyze_curve"),
+    "graphmem.errors": ("GraphmemError", "OutputError", "TraceError", "UnsupportedError", "UserInputError"),
+    "graphmem.job": ("InputSpec", "Job", "StepConfig", "make_job", "parse_input_spec"),
+    "graphmem.memory.results": ("Category", "Lifetime", "MemoryReport", "ModeReport", "PeakInfo", "PhasePeak"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+if TYPE_CHECKING:
+    from graphmem.api import PeakCurve, analyze, analyze_curve
+    from graphmem.errors import GraphmemError, OutputError, TraceError, UnsupportedError, UserInputError
+    from graphmem.job import InputSpec, Job, StepConfig, make_job, parse_input_spec
+    from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graphmem' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

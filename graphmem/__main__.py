@@ -1,5 +1,5 @@
-"""``python -m graphmem`` hands over to the command line."""
+"""``python -m graphmem`` hands over to the command line (its supervising process)."""
 
-from graphmem.cli import main
+from graphmem.cli.supervisor import main
 
 main()

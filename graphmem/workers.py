@@ -9,8 +9,11 @@ Ctrl-C stops the workers at once.  ``GRAPHMEM_PROCESSES`` sets how many (1: no w
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -19,7 +22,7 @@ from typing import Any, TypeVar
 from graphmem import interrupts
 from graphmem.errors import TraceError
 
-__all__ = ["fork_map", "processes"]
+__all__ = ["after_fork", "die_with_parent", "fork_map", "processes"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -40,9 +43,38 @@ def processes() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _mark_worker() -> None:
+def after_fork(parent: int) -> None:
+    """What every forked worker or rank process does first.
+
+    It runs no parallel region of OpenMP: torch on Linux builds its intra-op parallelism on
+    GNU OpenMP, whose thread pool does not survive a fork, so a child forked after its parent
+    ran a parallel op waits forever in its first one (torch's DataLoader workers do the same
+    for the same reason).  The processes run side by side, one per core, so one thread each
+    is what they would use anyway.  And it ends with the process that forked it (Linux), so
+    no worker outlives a killed parent (``parent``: its pid, taken before the fork).
+    """
+    import torch  # the parent has imported it: only a lookup here
+
+    torch.set_num_threads(1)
+    die_with_parent(parent)
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: this process is killed when its parent (pid ``parent``) ends (PR_SET_PDEATHSIG);
+    elsewhere nothing.  A parent already gone ends it now."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent:  # it ended before the call: nobody would wait for this process
+        os._exit(1)
+
+
+def _mark_worker(parent: int) -> None:
     global _IN_WORKER
     _IN_WORKER = True
+    after_fork(parent)
 
 
 def _call(index: int) -> Any:
@@ -61,7 +93,8 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str) -> li
     global _PENDING
     _PENDING = (function, items)
     others = set(multiprocessing.active_children())  # the caller's own child processes: left alone
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_mark_worker)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_mark_worker,
+                               initargs=(os.getpid(),))
     try:
         pending = [pool.submit(_call, n) for n in range(len(items))]
         while wait(pending, timeout=0.05).not_done:

@@ -2,11 +2,23 @@
 
 Input: argv.  Output: text or JSON on stdout (or --output), files, an exit code.  Every option
 that says what is analysed is one shared group (``graphmem.cli.options.job_options``) parsed
-into one ``graphmem.job.Job``.
+into one ``graphmem.job.Job``.  The ``graphmem`` program is ``graphmem.cli.supervisor.main``:
+a light process that runs the command in a child of its own (see there); ``main`` here is the
+click group itself, imported on first use.
 """
 
 from __future__ import annotations
 
-from graphmem.cli.commands import main
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["main"]
+
+if TYPE_CHECKING:
+    from graphmem.cli.commands import main
+
+
+def __getattr__(name: str) -> Any:
+    if name != "main":
+        raise AttributeError(f"module 'graphmem.cli' has no attribute {name!r}")
+    from graphmem.cli.commands import main
+    return main

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from graphmem.cli.process import set_progress, user_output_to_stderr
+from graphmem.cli.supervisor import parse_duration
 from graphmem.cuda.gpus import GPUS
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
@@ -83,6 +84,15 @@ def _destination(param: Any, path: str | None) -> str | None:
         return None if path is None else check_destination(path)
     except UserInputError as exc:
         raise click.BadParameter(str(exc), param=param) from None
+
+
+def _timeout(ctx: Any, param: Any, value: str | None) -> None:
+    """Validate --timeout (graphmem.cli.supervisor, which runs the command, enforces it)."""
+    if value is not None:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param=param) from None
 
 
 def _spec_text(value: str) -> str:
@@ -247,6 +257,9 @@ def output_options(formats: Sequence[str]) -> Callable[[F], F]:
                          callback=lambda c, p, v: _destination(p, v),
                          help="Write the report to this file instead of standard output (whole or not at all)."),
             click.Option(["--debug"], is_flag=True, help="Show the full traceback on errors."),
+            click.Option(["--timeout"], metavar="DURATION", default=None, expose_value=False, callback=_timeout,
+                         help="Stop after DURATION (90s, 10m, 2h) with exit 3, naming the stage reached  "
+                              "[default: none]."),
             click.Option(["--progress/--no-progress"], default=None, expose_value=False, callback=set_progress,
                          help="Phase lines on stderr for work longer than two seconds  [default: on a terminal]."),
         ]

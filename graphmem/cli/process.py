@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import click
@@ -38,7 +38,8 @@ import click
 from graphmem import interrupts, progress
 from graphmem.cli.exit_codes import CLOSED_PIPE, INTERRUPTED, CommandError, CommandExit, as_command_error
 
-__all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "set_progress", "user_output_to_stderr"]
+__all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "relay_progress", "set_progress",
+           "user_output_to_stderr"]
 
 PROGRESS_AFTER_S = 2.0  # work shorter than this shows no progress
 
@@ -53,6 +54,13 @@ class _Run:
     interrupted = False   # a SIGINT arrived, whether or not its KeyboardInterrupt got through
     wrote_stdout = False  # the result started going to stdout: no error document may follow
     progress: bool | None = None  # --progress / --no-progress; None: on a terminal only
+    relay: Callable[[str], None] | None = None  # also hands every progress line on (the supervisor)
+
+
+def relay_progress(relay: Callable[[str], None]) -> None:
+    """Hand every progress line to ``relay`` too, shown or not (graphmem.cli.supervisor: a
+    --timeout names the stage the command had reached)."""
+    _Run.relay = relay
 
 
 def set_progress(ctx: Any, param: Any, value: bool | None) -> None:
@@ -68,6 +76,8 @@ class _StderrProgress:
         self.in_place = False  # a line is on the terminal, to be rewritten or cleared
 
     def __call__(self, text: str) -> None:
+        if _Run.relay is not None:
+            _Run.relay(text)
         terminal = _isatty(sys.stderr)
         if not (_Run.progress if _Run.progress is not None else terminal):
             return

@@ -73,30 +73,50 @@ def _target_of(source: Any, name: str) -> str:
 
 
 def _import_module(module_part: str) -> Any:
-    """Import a dotted module name or a ``.py`` file path; the current directory is importable."""
+    """Import a dotted module name or a ``.py`` file path.  The current directory is importable
+    for this module only when it is not installed (after the installed packages, so a
+    ``transformers.py`` there never stands in for the real one); no bytecode cache is written
+    beside the user's files."""
     if module_part.split(".")[0] == "transformers":
         # never let transformers reach the network: configs come from local files only
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
-        path = Path(module_part)
-        if not path.is_file():
-            raise UserInputError(f"file not found: {module_part!r}; {_TARGET_HINT}")
-        name = f"graphmem_user_{path.stem}_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None, f"_import_module: no spec for {path}"
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        sys.path.insert(0, str(path.resolve().parent))  # let the file import its siblings
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)  # as importlib does: no half-imported module stays behind
-            raise
-        return module
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    return importlib.import_module(module_part)
+    with _no_bytecode_written():
+        if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+            return _import_file(module_part)
+        here = os.getcwd()
+        top = module_part.split(".")[0]
+        if here not in sys.path and "" not in sys.path and importlib.util.find_spec(top) is None:
+            sys.path.append(here)
+        return importlib.import_module(module_part)
+
+
+def _import_file(module_part: str) -> Any:
+    path = Path(module_part)
+    if not path.is_file():
+        raise UserInputError(f"file not found: {module_part!r}; {_TARGET_HINT}")
+    name = f"graphmem_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, f"_import_module: no spec for {path}"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.resolve().parent))  # let the file import its siblings
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)  # as importlib does: no half-imported module stays behind
+        raise
+    return module
+
+
+@contextlib.contextmanager
+def _no_bytecode_written() -> Iterator[None]:
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
 
 
 def resolve_target(target: str) -> ModelSource:

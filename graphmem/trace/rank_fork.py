@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 from graphmem import interrupts, progress
 from graphmem.errors import TraceError
+from graphmem.workers import after_fork
 
 __all__ = ["RankFork"]
 
@@ -56,8 +57,10 @@ class RankFork:
         for rank in self.ranks:
             self._wait_below(self.at_once)
             path = os.path.join(self._folder, f"rank{rank}.pickle")
+            parent = os.getpid()
             pid = os.fork()
             if pid == 0:
+                after_fork(parent)
                 self.rank, self._path, self._children, self._ended = rank, path, [], []
                 progress.mute()  # one process speaks
                 return rank

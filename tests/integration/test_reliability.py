@@ -311,8 +311,8 @@ def test_130_sigint_at_random_moments_during_check(work: Path) -> None:
                for _, _, _, err in outcomes), note
 
 
-def test_130_at_once_on_a_second_sigint(work: Path) -> None:
-    """The first Ctrl-C stops at the next safe point; a second one ends the process at once."""
+def test_130_at_once_where_the_models_code_has_no_safe_point(work: Path) -> None:
+    """Ctrl-C ends the command within 2 s even inside a constructor that sleeps for a minute."""
     process = subprocess.Popen([*GRAPHMEM, "check", "models.py:SleepsInInit", "-i", "2x4", "--budget", "1GiB"],
                                cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
@@ -320,10 +320,9 @@ def test_130_at_once_on_a_second_sigint(work: Path) -> None:
     while "graphmem-test: sleeping" not in started and process.poll() is None:
         started += process.stderr.readline()
     process.send_signal(signal.SIGINT)  # inside the model's constructor: no safe point for 60 s
-    time.sleep(0.5)
-    assert process.poll() is None
-    process.send_signal(signal.SIGINT)
+    sent = time.monotonic()
     out, err = process.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
     assert process.returncode == 130 and "interrupted" in err and not out, (process.returncode, out, err)
 
 
