@@ -89,16 +89,20 @@ def test_zero_ranks_from_one_beginning_are_each_ranks_own_recording(monkeypatch:
     assert splits, "the ranks were not forked"
 
 
-def _children(pid: int) -> set[int]:
-    found = set()
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid``: graphmem's supervisor runs the command in a child, which
+    starts the workers."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            if int(fields[1]) == pid:
-                found.add(int(entry.name))
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
     return found
 
 
@@ -110,10 +114,10 @@ def test_ctrl_c_stops_the_workers() -> None:
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers: set[int] = set()
     deadline = time.monotonic() + 120
-    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
-        workers |= _children(process.pid) - {process.pid}
+    while len(workers) < 3 and process.poll() is None and time.monotonic() < deadline:
+        workers |= _descendants(process.pid)  # the command's process and its two workers
         time.sleep(0.05)
-    assert len(workers) >= 2, "the plan never started its worker processes"
+    assert len(workers) >= 3, "the plan never started its worker processes"
     time.sleep(0.5)  # they are recording
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
