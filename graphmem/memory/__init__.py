@@ -2,7 +2,9 @@
 
 Input: a ``Trace``.  Output: each storage's ``Lifetime`` and category (``liveness``), the
 live bytes after every op, the peaks and what is live there (``mode_report``: a frozen
-``ModeReport``), and on the CUDA target the caching allocator's view (``cuda_replay``).
+``ModeReport``), the module each op's and storage's bytes are charged to (``attribution``:
+the optimizer step's to the optimizer step), and on the CUDA target the caching allocator's
+view (``cuda_replay``).
 The result types of the whole analysis live in ``results``.  Knows nothing of how the
 trace was recorded, of reports or of the command line.
 """

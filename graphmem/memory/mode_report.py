@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from graphmem.cuda.allocator import MemoryEvent
+from graphmem.memory.attribution import charged_module
 from graphmem.memory.results import Category, Lifetime, ModeReport, PeakInfo, PhasePeak
 from graphmem.trace.records import Phase, Trace
 
@@ -83,7 +84,7 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
     persistent = live_by_category(lifetimes, -1)
     return ModeReport(
         mode=trace.mode, optimizer=trace.optimizer, peak_bytes=timeline[step],
-        peak=PeakInfo(step=step, op=op.op, module=op.module, phase=str(op.phase), iteration=op.iteration),
+        peak=PeakInfo(step=step, op=op.op, module=charged_module(op), phase=str(op.phase), iteration=op.iteration),
         breakdown=live_by_category(lifetimes, step, op.scratch_bytes),
         phases=_phase_peaks(trace, timeline), timeline=timeline,
         params_bytes=persistent[Category.PARAMETER], buffers_bytes=persistent[Category.BUFFER],

@@ -5,25 +5,29 @@ Output: ``ModuleRow`` per module of the module tree cut at a depth (parameters, 
 optimizer state, activations saved for backward, bytes live at the peak), and
 ``TopTensor`` records for the largest storages live at the peak.
 
-A storage belongs to a module by name when it has one (parameters, buffers, gradients and
-optimizer state carry their parameter's name), else to the module of the op that created
-it; inputs and targets form the row ``(inputs)``, storages made by the loss ``(loss)``,
-and those made outside every module ``(root)``.  Each storage lands in exactly one row,
-so every column sums to the mode's total (``params_bytes``, ..., ``peak_bytes``).
+Where a storage is charged is decided in one place, ``graphmem.memory.attribution``:
+parameters, buffers and gradients belong to their parameter's module by name; optimizer
+state and whatever the optimizer step makes to the row ``(optimizer step)``; inputs and
+targets to ``(inputs)``; the rest to the module of the op that created it, storages made by
+the loss to ``(loss)`` and those made outside every module to ``(root)``.  Each storage
+lands in exactly one row, so every column sums to the mode's total (``params_bytes``, ...,
+``peak_bytes``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphmem.memory.attribution import INPUTS, LOSS, OPTIMIZER_STEP, ROOT, op_module, storage_module
 from graphmem.memory.mode_report import reference_steps
 from graphmem.memory.results import Category, ModeReport
 from graphmem.report.series import live_at
-from graphmem.trace.records import Phase, StorageRecord, Trace
+from graphmem.trace.records import Trace
 
 __all__ = [
     "INPUTS",
     "LOSS",
+    "OPTIMIZER_STEP",
     "ROOT",
     "ModuleRow",
     "TopTensor",
@@ -33,14 +37,6 @@ __all__ = [
     "storage_module",
     "top_tensors",
 ]
-
-INPUTS = "(inputs)"
-LOSS = "(loss)"
-ROOT = "(root)"
-
-# Categories named after a parameter: how many trailing name parts to drop to reach the
-# module path ("layers.0.weight" -> "layers.0"; "layers.0.weight.exp_avg" -> "layers.0").
-_NAMED = {Category.PARAMETER: 1, Category.BUFFER: 1, Category.GRADIENT: 2, Category.OPTIMIZER_STATE: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +84,6 @@ def cut_module(module: str, depth: int) -> str:
     return ".".join(module.split(".")[:depth])
 
 
-def storage_module(storage: StorageRecord, category: Category, trace: Trace) -> str:
-    """The full module path a storage is attributed to (see the module docstring)."""
-    if category == Category.INPUT:
-        return INPUTS
-    if category in _NAMED and storage.label:
-        return ".".join(storage.label.split(".")[:-_NAMED[category]]) or ROOT
-    return op_module(trace, storage.created) if storage.created >= 0 else ROOT
-
-
 def module_rows(mode: ModeReport, depth: int = 2) -> tuple[ModuleRow, ...]:
     """One row per module cut at ``depth``, in order of first execution ((inputs) first).
 
@@ -131,14 +118,6 @@ def module_rows(mode: ModeReport, depth: int = 2) -> tuple[ModuleRow, ...]:
                            optimizer_state_bytes=v["optimizer_state"],
                            activations_bytes=v["activations"], peak_bytes=v["peak"])
                  for key, v in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order))))
-
-
-def op_module(trace: Trace, index: int) -> str:
-    """The module path of op ``index``; ops outside every module are the loss's or the root's."""
-    op = trace.ops[index]
-    if op.module:
-        return op.module
-    return LOSS if op.phase == Phase.LOSS else ROOT
 
 
 def _first_seen(trace: Trace, depth: int) -> dict[str, int]:

@@ -101,10 +101,12 @@ def test_page_states_the_peaks_facts_and_module_rows(mlp: MemoryReport) -> None:
     assert parsed.row("peak (live tensor bytes)")[1:] == [f"{mlp.inference.peak_bytes:,} B",
                                                           f"{mlp.train.peak_bytes:,} B"]
     assert f"peak {mlp.train.peak_bytes:,} B after op {mlp.train.peak.step}" in text
-    # per module (training, depth 2): parameters, gradients, Adam's two moments (+ 4-byte step)
+    # per module (training, depth 2): parameters and gradients by module; the optimizer state
+    # (Adam's two moments and a 4-byte step per parameter) in the optimizer step's row
     # layers.0: 1000*500 + 500 = 500,500 float32 -> 2,002,000 B; layers.2: 500*100 + 100 -> 200,400 B
-    assert parsed.row("layers.0")[1:4] == ["2,002,000 B", "2,002,000 B", f"{2 * 2_002_000 + 2 * 4:,} B"]
-    assert parsed.row("layers.2")[1:4] == ["200,400 B", "200,400 B", f"{2 * 200_400 + 2 * 4:,} B"]
+    assert parsed.row("layers.0")[1:4] == ["2,002,000 B", "2,002,000 B", "0 B"]
+    assert parsed.row("layers.2")[1:4] == ["200,400 B", "200,400 B", "0 B"]
+    assert parsed.row("(optimizer step)")[1:4] == ["0 B", "0 B", f"{2 * (2_002_000 + 200_400) + 4 * 4:,} B"]
     assert parsed.row("(inputs)")[-2] == "0.2%"  # 8x1000 float32 = 32,000 B of the peak
     assert parsed.row("total")[1] == "2,202,400 B"  # the per-module table's total: 550,600 float32
 
