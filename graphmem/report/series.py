@@ -3,7 +3,8 @@
 Input: one ModeReport (its trace's ops and its lifetimes).
 Output: the mode a picture draws, the phase spans (forward / loss / backward / optimizer
 per iteration), live bytes per category after every op, the storages live after an op,
-and a peak-preserving downsampling for graphs of tens of thousands of ops.
+and peak-preserving downsamplings for graphs of tens of thousands of ops: the highest op
+of each run (``bucket_peaks``) and of each pixel column of a drawing (``column_peaks``).
 Pure functions; no plotting library is imported here.
 """
 
@@ -17,7 +18,8 @@ from graphmem.memory.mode_report import coverage
 from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport
 from graphmem.trace.records import OpRecord
 
-__all__ = ["PhaseSpan", "bucket_peaks", "category_timelines", "drawn_mode", "live_at", "phase_spans"]
+__all__ = ["Column", "PhaseSpan", "bucket_peaks", "category_timelines", "column_peaks", "drawn_mode", "live_at",
+           "phase_spans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,16 @@ class PhaseSpan:
     iteration: int
     start: int
     end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a drawing: x from ``start`` to ``end`` in op units (op i spans i - 0.5
+    to i + 0.5), drawn at the value of op ``op``, the highest op it overlaps."""
+
+    start: float
+    end: float
+    op: int
 
 
 def drawn_mode(report: MemoryReport) -> ModeReport:
@@ -79,3 +91,22 @@ def bucket_peaks(values: Sequence[int], buckets: int) -> tuple[int, ...]:
     bounds = [round(i * n / buckets) for i in range(buckets + 1)]
     return tuple(max(range(lo, hi), key=values.__getitem__)
                  for lo, hi in pairwise(bounds) if hi > lo)
+
+
+def column_peaks(values: Sequence[int], columns: int) -> tuple[Column, ...]:
+    """``values`` (one per op) drawn ``columns`` columns wide, each column at the highest op
+    that overlaps it (an op across a column edge counts in both), so the column holding the
+    peak is drawn at the peak however narrow the peak op is.  One column per op when there
+    are no more ops than columns."""
+    n = len(values)
+    if columns <= 0:
+        raise AssertionError(f"column_peaks: columns must be positive, got {columns}")
+    if n <= columns:
+        return tuple(Column(i - 0.5, i + 0.5, i) for i in range(n))
+    out = []
+    # column j covers ops j*n/columns up to (j+1)*n/columns (exact integer bounds)
+    for j in range(columns):
+        first, last = j * n // columns, -(-(j + 1) * n // columns) - 1
+        best = max(range(first, last + 1), key=values.__getitem__)
+        out.append(Column(j * n / columns - 0.5, (j + 1) * n / columns - 0.5, best))
+    return tuple(out)

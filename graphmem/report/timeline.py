@@ -3,8 +3,11 @@
 Input: one ModeReport (training when analysed, else inference).
 Output: live bytes after every op, stacked by category, with the phases shaded (forward,
 loss, backward, optimizer, per iteration) and the peak marked with its op and module.
-Graphs of tens of thousands of ops are drawn from at most ``MAX_POINTS`` points, each the
-highest op of its run of ops, so the curve keeps its peaks (``series.bucket_peaks``).
+Each pixel column of the plot is drawn at the highest op it covers (``series.column_peaks``,
+at most ``MAX_POINTS`` columns), so an op narrower than a pixel (the one-op spike of a
+foreach optimizer kernel in a step of 100,000 ops) still reaches its height: the top of the
+drawn stack at the peak's column is the peak.  The stack is drawn without antialiasing so a
+one-pixel column is painted whole, not blended away.
 matplotlib is an optional dependency (``pip install graphmem[viz]``), imported here only.
 """
 
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from graphmem.errors import UserInputError
 from graphmem.memory.results import Category, ModeReport
 from graphmem.report.modules import ROOT, op_module
-from graphmem.report.series import PhaseSpan, bucket_peaks, category_timelines, phase_spans
+from graphmem.report.series import Column, PhaseSpan, category_timelines, column_peaks, phase_spans
 from graphmem.units import UNITS, format_bytes
 
 if TYPE_CHECKING:
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "DPI",
     "MAX_POINTS",
     "TIMELINE_FORMATS",
     "render_timeline",
@@ -35,7 +39,8 @@ __all__ = [
 ]
 
 TIMELINE_FORMATS = ("svg", "png", "html")
-MAX_POINTS = 3000
+MAX_POINTS = 3000  # at most this many columns, however wide the plot
+DPI = 110  # pixels per inch of the figure and of the PNG
 # bottom to top: what stays for the whole step first, what comes and goes on top
 STACK_ORDER = (Category.PARAMETER, Category.BUFFER, Category.INPUT, Category.OPTIMIZER_STATE,
                Category.GRADIENT, Category.COMMUNICATION, Category.ACTIVATION, Category.OUTPUT, Category.TEMPORARY)
@@ -43,6 +48,7 @@ COLOURS = {Category.PARAMETER: "#4c72b0", Category.BUFFER: "#8172b3", Category.I
            Category.OPTIMIZER_STATE: "#55a868", Category.GRADIENT: "#c44e52",
            Category.ACTIVATION: "#dd8452", Category.OUTPUT: "#da8bc3", Category.TEMPORARY: "#8c8c8c",
            Category.COMMUNICATION: "#64b5cd"}
+_MARKER_SIZE = 9  # points
 PHASE_SHADES = {"forward": "#e3eefa", "loss": "#f1e4f5", "backward": "#fdeadb", "optimizer": "#e6f4e1"}
 
 
@@ -66,19 +72,24 @@ def timeline_figure(mode: ModeReport, title: str, units: str = "auto") -> Figure
     require_matplotlib()
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 5), layout="constrained")
+    fig = Figure(figsize=(12, 5), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     unit = _axis_unit(mode.peak_bytes, units)
     scale = UNITS[unit]  # plot in the axis unit so the ticks fall on round numbers
     _shade_phases(ax, phase_spans(mode.trace.ops), len(mode.timeline))
-    _stack(ax, mode, scale)
-    _mark_peak(ax, mode, units, scale)
+    _mark_peak(fig, ax, mode, units, scale)
     ax.set_ylabel(f"live bytes ({unit})")
     ax.set_xlabel("op (execution order)")
     ax.set_xlim(-0.5, len(mode.timeline) - 0.5)
     ax.set_ylim(0, mode.peak_bytes / scale * 1.22 or 1)
     ax.set_title(title, loc="left")
-    fig.legend(loc="outside right upper", fontsize="small", frameon=False)
+    series = category_timelines(mode)
+    shown = [c for c in STACK_ORDER if any(series[c])]
+    phases, _ = ax.get_legend_handles_labels()
+    fig.legend(handles=[*phases, *_swatches(shown)], loc="outside right upper", fontsize="small", frameon=False)
+    fig.draw_without_rendering()  # lays the figure out: the plot's width in pixels is known now
+    columns = max(1, min(MAX_POINTS, round(ax.get_window_extent().width)))
+    _stack(ax, series, shown, column_peaks(mode.timeline, columns), scale)
     return fig
 
 
@@ -88,13 +99,20 @@ def _axis_unit(peak: int, units: str) -> str:
     return next((u for u in reversed(UNITS) if peak >= UNITS[u]), "B")
 
 
-def _stack(ax: Axes, mode: ModeReport, scale: int) -> None:
-    """Stacked areas per category, drawn as steps: live bytes hold from one op to the next."""
-    series = category_timelines(mode)
-    picks = bucket_peaks(mode.timeline, MAX_POINTS)
-    shown = [c for c in STACK_ORDER if any(series[c])]
-    ax.stackplot(list(picks), [[series[c][i] / scale for i in picks] for c in shown], step="post",
-                 labels=[str(c) for c in shown], colors=[COLOURS[c] for c in shown], linewidth=0)
+def _swatches(shown: list[Category]) -> list[Any]:
+    """Legend entries of the stacked categories (drawn before the stack, which needs the layout)."""
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor=COLOURS[c], linewidth=0, label=str(c)) for c in shown]
+
+
+def _stack(ax: Axes, series: dict[Category, tuple[int, ...]], shown: list[Category],
+           columns: tuple[Column, ...], scale: int) -> None:
+    """Stacked areas per category, one step per column at its highest op (``column_peaks``)."""
+    edges = [c.start for c in columns] + [columns[-1].end]
+    picks = [c.op for c in columns] + [columns[-1].op]  # step="post": the last edge closes the last column
+    ax.stackplot(edges, [[series[c][i] / scale for i in picks] for c in shown], step="post",
+                 colors=[COLOURS[c] for c in shown], linewidth=0, antialiased=False)
 
 
 def _shade_phases(ax: Axes, spans: tuple[PhaseSpan, ...], num_ops: int) -> None:
@@ -113,16 +131,20 @@ def _shade_phases(ax: Axes, spans: tuple[PhaseSpan, ...], num_ops: int) -> None:
             ax.axvline(span.start - 0.5, color="#777777", linestyle="--", linewidth=0.8, zorder=1)
 
 
-def _mark_peak(ax: Axes, mode: ModeReport, units: str, scale: int) -> None:
-    """A marker on the peak and a note naming its op, module, phase and iteration."""
+def _mark_peak(fig: Figure, ax: Axes, mode: ModeReport, units: str, scale: int) -> None:
+    """A marker whose tip touches the peak and a note naming its op, module, phase and iteration."""
+    from matplotlib.transforms import offset_copy
+
     peak = mode.peak
     module = op_module(mode.trace, peak.step)
     module = "(root module)" if module == ROOT else module
-    note = (f"peak {format_bytes(mode.peak_bytes, units)} after op {peak.step}\n{peak.op}\n"
+    note = (f"peak {format_bytes(mode.peak_bytes, units)} after op {peak.step}\n{peak.op_name}\n"
             f"{module}, {peak.phase} (iteration {peak.iteration + 1})")
     right_half = peak.step > len(mode.timeline) / 2
-    ax.plot([peak.step], [mode.peak_bytes / scale], marker="v", color="#b00020", markersize=9, zorder=5,
-            linestyle="none")
+    # above the peak, not on it: a marker centred on the peak would hide the top of a narrow spike
+    above = offset_copy(ax.transData, fig=fig, y=_MARKER_SIZE / 2, units="points")
+    ax.plot([peak.step], [mode.peak_bytes / scale], marker="v", color="#b00020", markersize=_MARKER_SIZE,
+            markeredgewidth=0, zorder=5, linestyle="none", transform=above)
     ax.annotate(note, xy=(peak.step, mode.peak_bytes / scale), xytext=(-12 if right_half else 12, -6),
                 textcoords="offset points", ha="right" if right_half else "left", va="top",
                 fontsize="small", zorder=6,
@@ -154,7 +176,7 @@ def _metadata(fmt: str) -> dict[str, Any]:
 def _html_page(title: str, mode: ModeReport, units: str, svg: str) -> str:
     peak = mode.peak
     summary = (f"peak {format_bytes(mode.peak_bytes, units)} after op {peak.step} of {len(mode.timeline)}: "
-               f"{peak.op} in {peak.module or '(root module)'}, {peak.phase} (iteration {peak.iteration + 1})")
+               f"{peak.op_name} in {peak.module or '(root module)'}, {peak.phase} (iteration {peak.iteration + 1})")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title></head>\n<body style=\"font-family: sans-serif\">\n"
             f"<h1 style=\"font-size: 1.2em\">{escape(title)}</h1>\n<p>{escape(summary)}</p>\n{svg}\n</body></html>\n")
