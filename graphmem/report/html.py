@@ -3,11 +3,14 @@
 Input: a MemoryReport (and the ``--units`` and ``--depth`` of the command).
 Output: a str holding one page that needs nothing else to open: no script, no external
 style sheet, font or picture.  It shows the facts of the text header (model, parameters,
-inputs, loss, optimizer, device and GPU), the peaks and where they happen, the memory
-timeline of each analysed mode (inline SVG drawn here: live bytes after every op as a
-polyline, phases shaded, the peak marked, the GPU's memory as a line when ``--gpu`` names
-one), the categories live at each peak, the per-module table (``graphmem.report.modules``)
-and, with ``--parallel``, the per-rank table.
+inputs, loss, optimizer, device and GPU), whether the step fits its budget (the GPU's memory
+when ``--gpu`` names one: what the device must hold, as ``graphmem check`` compares it, on
+the CUDA target the caching allocator's reserved peak plus the CUDA context and NCCL's
+buffers), the peaks and where they happen, the memory timeline of each analysed mode (inline
+SVG drawn here: live bytes after every op as a polyline, phases shaded, the peak marked, the
+budget as a line, and on the CUDA target what the GPU must hold as a dotted line), the
+categories live at each peak, the per-module table (``graphmem.report.modules``) and, with
+``--parallel``, the per-rank table.
 
 Timelines of more than ``MAX_POINTS`` ops are drawn from the highest op of each run of ops
 (``series.bucket_peaks``), so the page stays small for big models and the peak is never
@@ -17,12 +20,14 @@ lost.  Every piece of text goes through ``html.escape``.  Pure; no plotting libr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from html import escape
 from pathlib import Path
 
 from graphmem.cuda.gpus import nvidia_smi_estimate
 from graphmem.errors import UserInputError
 from graphmem.memory.results import Category, MemoryReport, ModeReport
+from graphmem.preflight.budget import Budget
 from graphmem.report.files import check_destination
 from graphmem.report.header import render_header
 from graphmem.report.modules import ROOT, ModuleRow, module_rows
@@ -82,24 +87,31 @@ def decimate(values: Sequence[int], max_points: int = MAX_POINTS) -> tuple[int, 
     return tuple(sorted({0, n - 1, *bucket_peaks(values, max_points - 2)}))
 
 
-def render_html(report: MemoryReport, units: str = "auto", *, depth: int = 2) -> str:
+def render_html(report: MemoryReport, units: str = "auto", *, depth: int = 2, budget: Budget | None = None) -> str:
     """The page (see the module docstring).
 
     Args:
         report: the analysis.
         units: units of sizes (``auto``, ``B``, ``KiB``, ...).
         depth: levels of the module tree in the per-module table.
+        budget: the memory the step may use; None: the GPU's memory when the report names a
+            GPU, else no verdict and no budget line.
 
     Returns:
         The HTML document, UTF-8 text.
     """
     fmt: Format = lambda n: format_bytes(n, units)
     modes = _modes(report)
+    if budget is None and report.gpu is not None:
+        budget = Budget(report.gpu.total_memory_bytes, Fraction(0), f"{report.gpu.name} memory")
     title = f"graphmem: {report.target}"
-    body = [f"<h1>{escape(title)}</h1>", _facts(report, fmt), _peaks(report, modes, fmt)]
+    body = [f"<h1>{escape(title)}</h1>", _facts(report, fmt)]
+    if budget is not None:
+        body.append(_fit(report, modes, budget, fmt))
+    body.append(_peaks(report, modes, fmt))
     for name, mode in modes:
         body.append(f"<h2>Memory timeline, {escape(name)}</h2>")
-        body.append(_timeline_svg(mode, report, units))
+        body.append(_timeline_svg(mode, report, units, budget))
     body.append(_categories(modes, fmt))
     body.append(_modules(report, modes[-1], depth, fmt))
     body.extend(_ranks(report, name, mode, fmt) for name, mode in modes if mode.ranks)
@@ -149,6 +161,52 @@ def _facts(report: MemoryReport, fmt: Format) -> str:
         rows.append(["GPU memory", f"{report.gpu.product}: {fmt(report.gpu.total_memory_bytes)}"])
     body = "\n".join(f"<tr><th>{escape(row[0])}</th><td>{escape(row[-1])}</td></tr>" for row in rows)
     return f'<table class="facts">\n{body}\n</table>'
+
+
+def _needed_bytes(report: MemoryReport, mode: ModeReport) -> tuple[int, int | None]:
+    """What the device must hold for ``mode`` (the rank that needs the most): on the CUDA
+    target the reserved peak plus the CUDA context and NCCL's buffers (the nvidia-smi
+    estimate), else the tensor bytes at the peak; and on the CUDA target the allocated peak
+    plus what lives outside the allocator (None elsewhere)."""
+    gpu = report.gpu
+    best: tuple[int, int | None] = (0, None)
+    for m in [r.report for r in mode.ranks] or [mode]:
+        stats = m.allocator
+        if stats is None or gpu is None:
+            best = max(best, (m.peak_bytes, None), key=lambda b: b[0])
+            continue
+        outside = gpu.cuda_context_bytes + stats.nccl_buffer_bytes
+        needed = nvidia_smi_estimate(stats.reserved_peak_bytes, gpu, stats.nccl_buffer_bytes)
+        best = max(best, (needed, stats.allocated_peak_bytes + outside), key=lambda b: b[0])
+    return best
+
+
+def _fit(report: MemoryReport, modes: list[tuple[str, ModeReport]], budget: Budget, fmt: Format) -> str:
+    """Whether each mode fits ``budget``, as ``graphmem check`` answers it, and why."""
+    share = lambda n: f"{abs(n) / budget.total_bytes:.1%} of the budget" if budget.total_bytes else ""
+    cuda = any(_needed_bytes(report, m)[1] is not None for _, m in modes)
+    outside = "CUDA context" + (" + NCCL buffers" if report.parallel else "")
+    rows = [[f"on the GPU (reserved peak + {outside})" if cuda else "peak (live tensor bytes)"],
+            [f"budget ({budget.source})"], ["verdict"]]
+    notes = []
+    for name, mode in modes:
+        needed, allocated = _needed_bytes(report, mode)
+        room = budget.total_bytes - budget.required_bytes(needed)
+        fits = budget.fits(needed)
+        rows[0].append(fmt(needed))
+        rows[1].append(fmt(budget.total_bytes))
+        rows[2].append(f"FITS: {fmt(room)} headroom ({share(room)})" if fits
+                       else f"DOES NOT FIT: short by {fmt(-room)} ({share(room)})")
+        if not fits and allocated is not None and budget.fits(allocated):
+            notes.append(f"{name}: the allocated peak fits ({fmt(allocated)} with the {outside}), but the "
+                         f"caching allocator holds {fmt(needed - allocated)} more in segments it cannot reuse; "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may close the gap (graphmem check "
+                         "analyses it).")
+    if budget.margin:
+        rows[1][0] = f"budget ({budget.source}, keeping {float(budget.margin):.0%} free)"
+    head = ["", *(name for name, _ in modes)]
+    return ("<h2>Will it fit?</h2>\n" + _table(head, rows, numeric_from=1)
+            + "".join(f'\n<p class="note">{escape(note)}</p>' for note in notes))
 
 
 def _peaks(report: MemoryReport, modes: list[tuple[str, ModeReport]], fmt: Format) -> str:
@@ -219,12 +277,16 @@ class _Scale:
         return round(_HEIGHT - _BOTTOM - (_HEIGHT - _TOP - _BOTTOM) * nbytes / self.top, 1)
 
 
-def _timeline_svg(mode: ModeReport, report: MemoryReport, units: str) -> str:
+def _timeline_svg(mode: ModeReport, report: MemoryReport, units: str, budget: Budget | None) -> str:
     """Live bytes after each op as a polyline over the shaded phases, the peak marked, the
-    GPU's memory as a dashed line when it is within twice the peak (else named above)."""
-    gpu = report.gpu.total_memory_bytes if report.gpu else None
-    shown_gpu = gpu if gpu is not None and gpu <= 2 * mode.peak_bytes else None
-    top = max(mode.peak_bytes, shown_gpu or 0)
+    budget as a dashed line when it is within twice the peak (else named below), and on the
+    CUDA target what the GPU must hold at its peak as a dotted line (what the budget is compared with)."""
+    limit = budget.total_bytes if budget is not None else None
+    needed, allocated = _needed_bytes(report, mode)
+    on_gpu = needed if allocated is not None else None
+    data_top = max(mode.peak_bytes, on_gpu or 0)
+    shown = limit if limit is not None and limit <= 2 * data_top else None
+    top = max(data_top, shown or 0)
     unit = _axis_unit(top, units)
     tick_values = [t * UNITS[unit] for t in _ticks(top * 1.15 / UNITS[unit])]
     scale = _Scale(len(mode.timeline), int(max(tick_values[-1], top * 1.15)))
@@ -234,21 +296,29 @@ def _timeline_svg(mode: ModeReport, report: MemoryReport, units: str) -> str:
     parts += _axes(mode, scale, tick_values, unit)
     points = " ".join(f"{scale.x(i)},{scale.y(mode.timeline[i])}" for i in decimate(mode.timeline))
     parts.append(f'<polyline class="live" points="{points}" fill="none" stroke="#1f4e8c" stroke-width="1.5"/>')
-    if shown_gpu is not None and report.gpu is not None:
-        label = f"{report.gpu.name} memory {format_bytes(shown_gpu, units)}"
-        y = scale.y(shown_gpu)
-        parts.append(f'<line x1="{_LEFT}" x2="{_WIDTH - _RIGHT}" y1="{y}" y2="{y}" stroke="#b00020" '
-                     f'stroke-dasharray="6 4"/><text x="{_WIDTH - _RIGHT - 4}" y="{y - 4}" '
-                     f'text-anchor="end">{escape(label)}</text>')
+    if on_gpu is not None:
+        parts.append(_level(scale, on_gpu, f"on the GPU at its peak (reserved + outside the allocator) "
+                                           f"{format_bytes(on_gpu, units)}", "on-gpu", "#555", "2 3"))
+    if shown is not None and budget is not None:
+        parts.append(_level(scale, shown, f"budget {format_bytes(shown, units)} ({budget.source})", "budget",
+                            "#b00020", "6 4"))
     parts.append(_peak_marker(mode, report, scale, units))
     parts.append("</svg>")
     present = dict.fromkeys(span.phase for span in phase_spans(mode.trace.ops))
     legend = _legend([(f"{phase} phase", SHADES.get(phase, "#eeeeee")) for phase in present])
     note = ""
-    if gpu is not None and shown_gpu is None and report.gpu is not None:
-        note = (f'<p class="note">The {escape(report.gpu.name)} holds {escape(format_bytes(gpu, units))}, '
-                f"{gpu / max(mode.peak_bytes, 1):.1f} times this peak: its line is above the chart.</p>")
+    if limit is not None and shown is None and budget is not None:
+        note = (f'<p class="note">The budget ({escape(budget.source)}) is {escape(format_bytes(limit, units))}, '
+                f"{limit / max(data_top, 1):.1f} times this peak: its line is above the chart.</p>")
     return "\n".join(parts) + "\n" + legend + note
+
+
+def _level(scale: _Scale, nbytes: int, label: str, css: str, colour: str, dashes: str) -> str:
+    """A horizontal line across the chart at ``nbytes``, named at its right end."""
+    y = scale.y(nbytes)
+    return (f'<g class="{css}"><line x1="{_LEFT}" x2="{_WIDTH - _RIGHT}" y1="{y}" y2="{y}" stroke="{colour}" '
+            f'stroke-dasharray="{dashes}"/><text x="{_WIDTH - _RIGHT - 4}" y="{y - 4}" '
+            f'text-anchor="end">{escape(label)}</text></g>')
 
 
 def _phase_shading(mode: ModeReport, scale: _Scale) -> list[str]:

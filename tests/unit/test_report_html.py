@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import struct
@@ -10,6 +11,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from fractions import Fraction
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from click.testing import CliRunner
 import graphmem
 from graphmem.cli import main
 from graphmem.memory.results import MemoryReport
+from graphmem.preflight.budget import Budget
 from graphmem.report.html import MAX_POINTS, decimate, render_html
 from tests.conftest import ROOT
 
@@ -194,6 +197,66 @@ def test_cli_refuses_the_page_and_the_output_in_one_file(tmp_path: Path) -> None
     same = str(tmp_path / "a.html")
     result = CliRunner().invoke(main, ["analyze", MLP, "--input", "8x1000", "--html", same, "--output", same])
     assert result.exit_code == 2 and "--output and --html name the same file" in result.output
+
+
+# --- the verdict and the budget line -------------------------------------------------------------
+
+H100_BYTES = 85_027_979_264  # the h100-80gb preset's total_memory (torch.cuda.get_device_properties)
+
+
+def _lines(page: str, css: str) -> list[float]:
+    """The y of each horizontal line drawn in a group of class ``css`` (SVG y grows downwards)."""
+    parsed = _Page(page)
+    out, inside = [], False
+    for tag, attrs in parsed.shapes:
+        if tag == "g":
+            inside = attrs.get("class") == css
+        elif tag == "line" and inside:
+            out.append(float(attrs["y1"]))
+    return out
+
+
+def test_page_with_a_gpu_says_whether_it_fits(tmp_path: Path) -> None:
+    page_path = tmp_path / "page.html"
+    result = CliRunner().invoke(main, ["analyze", MLP, "--input", "8x1000", "--mode", "train", "--gpu", "h100-80gb",
+                                       "--units", "B", "--format", "json", "--html", str(page_path)])
+    assert result.exit_code == 0, result.output
+    train = json.loads(result.output)["train"]
+    on_gpu = train["reserved_peak_bytes"] + 500 * 2**20  # the reserved peak + h100-80gb's 500 MiB CUDA context
+    assert on_gpu == train["nvidia_smi_estimate_bytes"]
+    page = page_path.read_text(encoding="utf-8")
+    parsed = _Page(page)
+    assert "Will it fit?" in parsed.text
+    # what graphmem check compares on a GPU: the reserved peak plus the CUDA context, against its memory
+    assert parsed.row("on the GPU (reserved peak + CUDA context)")[1:] == [f"{on_gpu:,} B"]
+    assert parsed.row("budget (h100-80gb memory)")[1:] == [f"{H100_BYTES:,} B"]
+    room = H100_BYTES - on_gpu
+    assert parsed.row("verdict")[1:] == [f"FITS: {room:,} B headroom ({room / H100_BYTES:.1%} of the budget)"]
+    # the GPU holds thousands of times this peak: named under the chart, not drawn; the dotted
+    # line is what the GPU holds at the peak
+    assert f"The budget (h100-80gb memory) is {H100_BYTES:,} B" in page and not _lines(page, "budget")
+    assert len(_lines(page, "on-gpu")) == 1
+
+
+@pytest.mark.parametrize("tenths", [1, -1])
+def test_budget_line_and_verdict(mlp: MemoryReport, tenths: int) -> None:
+    assert mlp.train is not None and mlp.inference is not None
+    peak = mlp.train.peak_bytes
+    spare = tenths * peak // 10  # a budget 10% above or below the peak
+    verdict = f"FITS: {spare:,} B headroom" if spare > 0 else f"DOES NOT FIT: short by {-spare:,} B"
+    page = render_html(replace(mlp, inference=None), units="B", budget=Budget(peak + spare, Fraction(0), "a budget"))
+    parsed = _Page(page)
+    assert parsed.row("peak (live tensor bytes)", 0)[1:] == [f"{peak:,} B"]  # CPU: the tensor bytes at the peak
+    assert parsed.row("verdict")[1].startswith(verdict + " (")
+    (line,) = _lines(page, "budget")  # within twice the peak: drawn
+    marker = next(float(attrs["cy"]) for tag, attrs in parsed.shapes if tag == "circle")
+    assert (line < marker) == (spare > 0)  # above the peak when it fits, below when it does not
+    assert f"budget {peak + spare:,} B (a budget)" in " ".join(parsed.text)
+
+
+def test_no_gpu_and_no_budget_no_verdict(mlp: MemoryReport) -> None:
+    page = render_html(mlp)
+    assert "Will it fit?" not in page and not _lines(page, "budget")
 
 
 # --- in a browser -------------------------------------------------------------------------------
