@@ -30,6 +30,7 @@ from typing import Any
 
 from graphmem.cuda.allocator import MemoryEvent
 from graphmem.memory.alloc_events import scratch_allocations, with_extra_allocations
+from graphmem.memory.attribution import OPTIMIZER_STEP
 from graphmem.memory.mode_report import memory_events
 from graphmem.memory.results import Category, ModeReport
 from graphmem.report.modules import INPUTS, LOSS, ROOT, op_module, storage_module
@@ -70,8 +71,8 @@ def _module_frames(module: str, root: str) -> list[Frame]:
     """One frame per module from the innermost out to the model itself."""
     if module == INPUTS:
         return [_frame("module", 0, module)]
-    if module in (LOSS, ROOT):
-        return [_frame("module", 0, LOSS)] * (module == LOSS) + [_frame("module", 0, root)]
+    if module in (LOSS, OPTIMIZER_STEP, ROOT):  # a row of its own, then the model
+        return [_frame("module", 0, module)] * (module != ROOT) + [_frame("module", 0, root)]
     parts = module.split(".")
     paths = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
     return [_frame("module", 0, f"{root}.{p}") for p in paths] + [_frame("module", 0, root)]
