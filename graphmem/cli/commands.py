@@ -27,10 +27,12 @@ from graphmem.errors import UserInputError
 from graphmem.job.job import ANALYSIS_MODES, Job
 from graphmem.job.spec import input_symbol, parse_sweep
 from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
-from graphmem.preflight.check import PREFLIGHT_MODES, check, search_largest, sweep
+from graphmem.preflight.check import PREFLIGHT_MODES, search_largest, sweep
 from graphmem.preflight.plan import make_plan
+from graphmem.preflight.verdict import check
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
 from graphmem.report.files import StagedFiles, staged_files
+from graphmem.report.header import setup_of
 from graphmem.report.html import check_html_path, render_html
 from graphmem.report.plan_table import PLAN_RENDERERS
 from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, SWEEP_RENDERERS, Context
@@ -201,7 +203,7 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
     shown = job.with_preset()
     mode = f"generation {job.generate.prompt}+{job.generate.new} x {job.generate.batch}" if job.generate else job.mode
     context = Context(target=job.target_name, inputs=shown.inputs, device=job.device, mode=mode,
-                      gpu=gpu.name if gpu else None)
+                      gpu=gpu.name if gpu else None, setup=setup_of(job))
     return job, resolve_budget(budget, gpu, margin), context
 
 
@@ -211,8 +213,9 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
 @_budget_options
 def check_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
                   debug: bool, **options: Any) -> None:
-    """Will TARGET fit the budget?  Exit 0: the predicted peak (allocated on cuda) with --margin
-    fits; 1: it does not; 2: usage error; 3: the analysis failed; 130: interrupted.
+    """Will TARGET fit the budget?  Exit 0: the predicted peak with --margin fits (on a GPU: the
+    caching allocator's reserved peak plus the CUDA context and NCCL buffers); 1: it does not;
+    2: usage error; 3: the analysis failed; 130: interrupted.
 
     Example: graphmem check examples/mlp.py:MLP --input 32x1000 --budget 16MiB --margin 5%
     """
@@ -252,14 +255,16 @@ main.add_command(max_batch_command, name="max-seq")
 @job_options(PREFLIGHT_MODES, "train")
 @output_options(["table", "json"])
 @_budget_options
-@click.option("--world-size", type=click.IntRange(min=1), default=8, show_default=True,
-              help="GPUs the ZeRO / FSDP rows shard over (formula rows).")
+@click.option("--world-size", type=click.IntRange(min=1), default=None,
+              help="GPUs you could use: adds ZeRO-1 and FSDP2 rows sharding over up to N of them (analysed). "
+                   "Default: the job's own (one GPU, or the GPUs of --parallel).")
 @click.option("--prune-amount", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
               show_default=True, help="Share of each Linear/Conv weight the pruning rows remove.")
 @click.option("--group-size", type=click.IntRange(min=1), default=128, show_default=True,
               help="int4 quantization group size (formula rows).")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
-                 debug: bool, world_size: int, prune_amount: float, group_size: int, **options: Any) -> None:
+                 debug: bool, world_size: int | None, prune_amount: float, group_size: int,
+                 **options: Any) -> None:
     """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
     accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
     predicted peak, saving and extra compute; and why training takes N times inference.

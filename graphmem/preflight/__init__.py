@@ -1,17 +1,20 @@
 """Stage 5, pre-flight: answers on top of ``graphmem.analyze``.
 
 Input: a ``Job`` and a ``Budget`` (``budget``).  Output: frozen answers: will it fit
-(``check``), the largest batch or sequence that fits (``check.search_largest``), the peak
+(``verdict.check``), the largest batch or sequence that fits (``check.search_largest``), the peak
 against the batch or sequence (``check.sweep``), and what
-to change (``plan``, its rows, formulas and explanation).  Knows nothing of rendering or of
-the command line.
+to change (``plan``, its rows, formulas and explanation).  Each compares with the budget the
+bytes ``footprint`` defines (on the CUDA target: the reserved peak plus the memory outside the
+allocator).  Knows nothing of rendering or of the command line.
 """
 
 from __future__ import annotations
 
 from graphmem.preflight.budget import Budget, parse_budget, resolve_budget
-from graphmem.preflight.check import CheckResult, SearchResult, Sweep, check, search_largest, sweep
+from graphmem.preflight.check import SearchResult, Sweep, search_largest, sweep
+from graphmem.preflight.footprint import Footprint, footprint_of
 from graphmem.preflight.plan import Plan, make_plan
+from graphmem.preflight.verdict import CheckResult, check
 
-__all__ = ["Budget", "CheckResult", "Plan", "SearchResult", "Sweep", "check", "make_plan", "parse_budget",
-           "resolve_budget", "search_largest", "sweep"]
+__all__ = ["Budget", "CheckResult", "Footprint", "Plan", "SearchResult", "Sweep", "check", "footprint_of",
+           "make_plan", "parse_budget", "resolve_budget", "search_largest", "sweep"]

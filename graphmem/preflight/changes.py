@@ -18,6 +18,7 @@ The kinds of change (``changes`` keys):
   offload         "optimizer": the optimizer step and its state on the host
   prune_amount, prune_remove, shrink, quantize, sparse, kv_cache   (weights, cache)
   quantize_base   a LoRA job's frozen base in 4 bits (QLoRA): "nf4"
+  alloc_conf      the CUDA caching allocator's PYTORCH_CUDA_ALLOC_CONF, with expandable segments
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ __all__ = ["COMBINED_KINDS", "describe", "kind_of", "merge", "optimizer_name"]
 COMBINED_KINDS: dict[str, tuple[str, ...]] = {
     "implementation": ("optimizer_impl",), "checkpointing": ("checkpoint",), "accumulation": ("grad_accum",),
     "precision": ("amp", "master_weights", "dtype"), "optimizer": ("optimizer",), "offload": ("offload",),
-    "quantized base": ("quantize_base",),
+    "quantized base": ("quantize_base",), "allocator": ("alloc_conf",),
 }
 
 _NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD with momentum",
@@ -160,6 +161,12 @@ def _weights_words(changes: Mapping[str, Any], optimizer: str, mode: str) -> str
     return ""
 
 
+def _allocator_words(changes: Mapping[str, Any], optimizer: str, mode: str) -> str:
+    if "alloc_conf" not in changes:
+        return ""
+    return f"expandable segments (PYTORCH_CUDA_ALLOC_CONF={changes['alloc_conf']})"
+
+
 _PARTS: tuple[Callable[[Mapping[str, Any], str, str], str], ...] = (
     _optimizer_words, _precision_words, _batch_words, _checkpoint_words, _parallel_words, _offload_words,
-    _weights_words)
+    _weights_words, _allocator_words)

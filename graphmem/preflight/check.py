@@ -3,11 +3,12 @@ sequence length) that fits.
 
 Input: a ``graphmem.job.Job`` (one dimension of its inputs may be
 a letter such as ``B`` in ``Bx1000`` or ``S`` in ``1xSx64``) and a ``Budget``
-(graphmem/preflight/budget.py).  Output: frozen ``CheckResult`` / ``SearchResult`` values.
+(graphmem/preflight/budget.py).  Output: frozen ``Prediction`` / ``SearchResult`` / ``Sweep`` values.
 
-The peak compared with the budget is the CPU target's tensor bytes (``peak_bytes``), or on the
-CUDA target what ``torch.cuda.max_memory_allocated()`` would say
-(``allocator.allocated_peak_bytes``).
+The bytes compared with the budget are the CPU target's tensor bytes at the peak, or on the
+CUDA target the caching allocator's reserved peak plus the CUDA context and NCCL's buffers
+(graphmem/preflight/footprint.py, the one place the rule is written).  ``check`` itself is in
+verdict.py.
 
 The search (``find_largest_fit``) exploits that memory is affine in the batch size for most
 models: two analyses (1 and 2) fit a line, the line predicts the answer N, and N and N+1 are
@@ -35,14 +36,13 @@ from graphmem.job.load import build_model, resolve_target
 from graphmem.job.spec import input_dims, input_symbol, substitute, validate_inputs
 from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.preflight.budget import Budget
+from graphmem.preflight.footprint import compared_mode, needed_bytes
 from graphmem.preflight.model_facts import position_limit
 
 __all__ = [
     "PREFLIGHT_MODES",
-    "CheckResult",
     "Prediction",
     "SearchResult",
-    "check",
     "find_largest_fit",
     "fit_line",
     "peak_of",
@@ -59,7 +59,7 @@ _MAX_ROUNDS = 64
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """One analysis: the peak compared with budgets, and the full report."""
+    """One analysis: the bytes compared with budgets (footprint.needed_bytes), and the full report."""
 
     peak_bytes: int
     report: MemoryReport
@@ -67,25 +67,7 @@ class Prediction:
     @property
     def mode_report(self) -> ModeReport:
         """The analysed mode's report (train or inference; with --generate, the higher step)."""
-        return _compared_mode(self.report, "train" if self.report.train is not None else "inference")
-
-
-@dataclass(frozen=True, slots=True)
-class CheckResult:
-    """``graphmem check``'s answer (bytes)."""
-
-    fits: bool
-    peak_bytes: int        # the predicted peak compared with the budget
-    required_bytes: int    # peak with the margin
-    budget: Budget
-    metric: str            # "peak_bytes" (cpu) or "allocated_peak_bytes" (cuda)
-    reserved_peak_bytes: int | None
-    report: MemoryReport
-
-    @property
-    def headroom_bytes(self) -> int:
-        """Budget left after the peak and its margin; negative: the shortfall."""
-        return self.budget.total_bytes - self.required_bytes
+        return compared_mode(self.report, "train" if self.report.train is not None else "inference")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,25 +95,9 @@ class SearchResult:
 
 
 def peak_of(report: MemoryReport, mode: str) -> int:
-    """The peak the budget is compared with: CPU tensor bytes, or the CUDA allocator's
-    allocated peak (torch.cuda.max_memory_allocated)."""
-    found = _compared_mode(report, mode)
-    if found.allocator is None and report.generate is not None:  # the decode step, not its cache fill
-        return max(report.generate.prefill_peak_bytes, report.generate.decode_peak_bytes)
-    return found.budget_peak_bytes
-
-
-def _compared_mode(report: MemoryReport, mode: str) -> ModeReport:
-    """The mode whose peak is compared: train or inference; with --generate, the higher of the
-    prompt's prefill and the last decode step (on the CUDA target the decode's allocator peak
-    also covers the forward that fills its cache: an upper bound)."""
-    if report.generate is not None:
-        g = report.generate
-        return max((g.prefill, g.decode), key=lambda m: m.budget_peak_bytes)
-    found = report.train if mode == "train" else report.inference
-    if found is None:
-        raise AssertionError(f"peak_of: the report has no {mode} result")
-    return found
+    """The bytes the budget is compared with: CPU tensor bytes at the peak; CUDA the reserved
+    peak plus the CUDA context and NCCL's buffers (graphmem/preflight/footprint.py)."""
+    return needed_bytes(report, mode)
 
 
 def predict(job: Job, value: int | None = None, *, checkpoint_comparison: bool = True) -> Prediction:
@@ -145,23 +111,6 @@ def predict(job: Job, value: int | None = None, *, checkpoint_comparison: bool =
     report = analyze(replace(job, inputs=tuple(substitute(t, symbol, value or 1) for t in job.inputs)),
                      checkpoint_comparison=checkpoint_comparison)
     return Prediction(peak_of(report, job.mode), report)
-
-
-def check(job: Job, budget: Budget) -> CheckResult:
-    """Will ``job`` fit ``budget``?  One analysis.
-
-    Returns:
-        The verdict, the predicted peak and the peak with the margin, in bytes.
-    """
-    if job.generate is None:
-        validate_inputs(job.inputs, symbolic=False)
-    prediction = predict(job)
-    allocator = prediction.mode_report.allocator
-    return CheckResult(fits=budget.fits(prediction.peak_bytes), peak_bytes=prediction.peak_bytes,
-                       required_bytes=budget.required_bytes(prediction.peak_bytes), budget=budget,
-                       metric="allocated_peak_bytes" if allocator else "peak_bytes",
-                       reserved_peak_bytes=allocator.reserved_peak_bytes if allocator else None,
-                       report=prediction.report)
 
 
 def sequence_limit(job: Job, symbol: str) -> tuple[int, str] | None:
@@ -352,11 +301,14 @@ class _Curves:
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
-    """The peaks at one value of the swept dimension (None: the mode was not analysed)."""
+    """The peaks at one value of the swept dimension (None: the mode was not analysed): the
+    analysis's own (CUDA: allocated), and what a budget is compared with (``needed_bytes``:
+    the higher mode's, graphmem/preflight/footprint.py)."""
 
     value: int
     inference_peak_bytes: int | None
     train_peak_bytes: int | None
+    needed_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +337,9 @@ def sweep(job: Job, values: Sequence[int], budget: Budget | None = None) -> Swee
     points, report = [], None
     for value in values:
         report = curves.report_at(value)
-        points.append(SweepPoint(value, peak_of(report, "inference") if report.inference else None,
-                                 peak_of(report, "train") if report.train else None))
+        modes = [m for m, found in (("inference", report.inference), ("train", report.train)) if found]
+        points.append(SweepPoint(value, report.inference.budget_peak_bytes if report.inference else None,
+                                 report.train.budget_peak_bytes if report.train else None,
+                                 max(peak_of(report, m) for m in modes)))
     assert report is not None
     return Sweep(symbol=symbol, points=tuple(points), recorded=tuple(curves.recorded), budget=budget, report=report)

@@ -7,10 +7,13 @@ Training remedies (remedies.py): the largest batch that fits, the optimizer's fu
 implementation, activation checkpointing of each repeated block class, bf16/fp16 autocast,
 bf16 weights with fp32 master weights and optimizer state, bf16 weights and state, 8-bit
 optimizers, SGD / SGD with momentum / AdamW, gradient accumulation, ZeRO-1 and FSDP2 over N
-GPUs, the optimizer offloaded to the host (all analysed), torch.nn.utils.prune (analysed) and
-layers made smaller (formula).  Inference: the largest batch, bf16/fp16 weights and autocast,
-int8/int4 weight-only quantization (formula), pruning (analysed, and CSR storage by formula);
-with --generate, the KV cache in bf16 or fp8 (formula).  Combinations: see _combined_rows.
+GPUs (only with a world size: ``--world-size N`` or the job's ``--parallel``), the optimizer
+offloaded to the host, the CUDA allocator's expandable segments (all analysed),
+torch.nn.utils.prune (analysed) and layers made smaller (formula).  Inference: the largest
+batch, bf16/fp16 weights and autocast, expandable segments, int8/int4 weight-only quantization
+(formula), pruning (analysed, and CSR storage by formula); with --generate, the KV cache in
+bf16 or fp8 (formula).  Combinations: see _combined_rows.  Rows that save nothing are left
+out.  Every row's peak is what the budget is compared with (graphmem/preflight/footprint.py).
 Ranking: graphmem/preflight/ranking.py, the one place the rule is written.
 """
 
@@ -24,16 +27,18 @@ from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.job import Job
 from graphmem.job.load import resolve_target
 from graphmem.job.spec import validate_inputs
-from graphmem.memory.results import MemoryReport
+from graphmem.memory.results import MemoryReport, without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.changes import COMBINED_KINDS, kind_of, merge
 from graphmem.preflight.check import Prediction, SearchResult, peak_of, search_largest
 from graphmem.preflight.explain import explain
+from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.generation import kv_cache_rows
 from graphmem.preflight.model_facts import model_facts
 from graphmem.preflight.ranking import RANKING_RULE, Departure, rank_key, rank_rows
 from graphmem.preflight.remedies import (
     accumulation_rows,
+    allocator_rows,
     amp_rows,
     checkpoint_rows,
     half_precision_rows,
@@ -68,18 +73,27 @@ class Plan:
     baseline: PlanRow
     rows: tuple[PlanRow, ...]
     explanation: str
-    train_peak_bytes: int | None
-    inference_peak_bytes: int | None
+    train_peak_bytes: int | None      # the analysis's own peaks (CUDA: allocated), as the explanation
+    inference_peak_bytes: int | None  # compares them; the rows' peaks are what the budget compares
     bytes_per_sample: int | None
     skipped: tuple[str, ...]  # remedies that could not be analysed, with the reason
+    world_size: int | None = None  # the GPUs the sharding rows may use (None: one, no sharding rows)
+    world_source: str = ""  # where it comes from: "--world-size" or "--parallel" ("" with none)
+    report: MemoryReport | None = None  # the baseline's analysis (the header's facts)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Budget left after the baseline and its margin; negative: the shortfall."""
+        return self.budget.total_bytes - self.budget.required_bytes(self.baseline.peak_bytes)
 
 
-def make_plan(job: Job, budget: Budget, *, world_size: int = 8, prune_amount: float = 0.5,
+def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_amount: float = 0.5,
               group_size: int = 128) -> Plan:
     """Predict every remedy for ``job`` against ``budget``.
 
     Args:
-        world_size: GPUs available: the ZeRO / FSDP rows shard over up to this many (1: none).
+        world_size: GPUs available: the ZeRO / FSDP rows shard over up to this many; None:
+            the job's own (its ``--parallel``'s GPUs, or one: no sharding rows).
         prune_amount: share of each prunable weight the pruning rows remove.
         group_size: int4 quantization group size.
 
@@ -93,15 +107,21 @@ def make_plan(job: Job, budget: Budget, *, world_size: int = 8, prune_amount: fl
     search = _batch_row(ctx, found)
     found += _alone_rows(ctx)
     found += _combined_rows(ctx, [a for a in found if isinstance(a, Analysed)])
-    rows = _distinct([a.row for a in found if isinstance(a, Analysed)])
-    train_peak = peak_of(both, "train") if both.train else None
-    inference_peak = peak_of(both, "inference") if both.inference else None
+    # a row that saves nothing is no remedy (an implementation that saves nothing alone still
+    # joins the combinations above: _best_of_each_kind)
+    rows = _distinct([a.row for a in found if isinstance(a, Analysed) and a.row.saving_bytes != 0])
+    # the explanation compares the analysis's own peaks (CUDA: allocated), not what the GPU must hold
+    train_peak = footprint_of(both, "train").peak_bytes if both.train else None
+    inference_peak = footprint_of(both, "inference").peak_bytes if both.inference else None
     per_sample = search.bytes_per_unit if search and ctx.mode == "train" else None
     text = explain(both.train, both.inference, train_peak or 0, inference_peak or 0, per_sample)
     return Plan(target=str(both.target), mode="generate" if job.generate else job.mode, device=both.device,
                 inputs=both.inputs, budget=budget, baseline=_baseline_row(ctx), rows=tuple(rank_rows(rows)),
                 explanation=text, train_peak_bytes=train_peak, inference_peak_bytes=inference_peak,
-                bytes_per_sample=per_sample, skipped=tuple(a for a in found if isinstance(a, str)))
+                bytes_per_sample=per_sample, skipped=tuple(a for a in found if isinstance(a, str)),
+                world_size=ctx.world_size,
+                world_source="--world-size" if world_size is not None else "--parallel" if job.parallel else "",
+                report=without_graphs(both))
 
 
 def _distinct(rows: list[PlanRow]) -> list[PlanRow]:
@@ -112,7 +132,7 @@ def _distinct(rows: list[PlanRow]) -> list[PlanRow]:
     return list(seen.values())
 
 
-def _context(job: Job, budget: Budget, world_size: int, prune_amount: float, group_size: int
+def _context(job: Job, budget: Budget, world_size: int | None, prune_amount: float, group_size: int
              ) -> tuple[PlanContext, MemoryReport]:
     """Resolve the model, analyse the baseline in both modes, read the model's structure."""
     job = job.with_preset()
@@ -131,7 +151,9 @@ def _context(job: Job, budget: Budget, world_size: int, prune_amount: float, gro
     # bf16 needs compute capability 8.0 (Ampere) on a GPU: V100 and T4 compute in fp16
     bf16 = job.device != "cuda" or get_gpu(job.gpu).compute_capability >= (8, 0)
     ctx = PlanContext(job=job, source=source, budget=budget, base=base,
-                      batch=batch, templates=templates, facts=facts, world_size=world_size,
+                      batch=batch, templates=templates, facts=facts,
+                      world_size=world_size if world_size is not None else job.parallel.world_size if job.parallel
+                      else None,
                       prune_amount=prune_amount, group_size=group_size, bf16=bf16)
     return ctx, both
 
@@ -183,13 +205,15 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
 def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
     """Each remedy alone; the independent analyses together (in parallel, rows.analysed_rows)."""
     if ctx.job.generate is not None:
-        return analysed_rows(ctx, [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx)])
+        return analysed_rows(ctx, [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx),
+                                   *allocator_rows(ctx)])
     if ctx.mode == "train":
         return analysed_rows(ctx, [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx),
                                    *precision_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
-                                   *qlora_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx), *offload_rows(ctx)])
+                                   *qlora_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx), *offload_rows(ctx),
+                                   *allocator_rows(ctx)])
     return analysed_rows(ctx, [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
-                               *([sparse_row(ctx)] if ctx.facts.prunable_weights else [])])
+                               *([sparse_row(ctx)] if ctx.facts.prunable_weights else []), *allocator_rows(ctx)])
 
 
 def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | str]:

@@ -4,7 +4,8 @@ Input: a ``PlanContext``.  Output: rows (``Analysed``), what to analyse (``Reque
 plan analyses them together, rows.analysed_rows) or, for a remedy that could not be
 analysed, why (a str).  Each builder offers only what applies to the job: an implementation
 the optimizer has, bf16 only where the target computes in it, sharding only with more than
-one GPU.  Rows that change execution are analysed (rows.analysed_row); the others are
+one GPU, expandable segments only where the allocator's cached segments are part of what does
+not fit.  Rows that change execution are analysed (rows.analysed_row); the others are
 formulas over an analysed run's bytes (formulas.py), labelled so.
 """
 
@@ -17,6 +18,7 @@ from graphmem.job.finetune import parse_quantize_base
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.job.spec import parse_dtype
 from graphmem.preflight.changes import merge
+from graphmem.preflight.footprint import expandable_conf
 from graphmem.preflight.formulas import (
     csr_break_even_density,
     csr_bytes,
@@ -30,6 +32,7 @@ from graphmem.units import format_bytes
 
 __all__ = [
     "accumulation_rows",
+    "allocator_rows",
     "amp_rows",
     "checkpoint_rows",
     "half_precision_rows",
@@ -186,24 +189,60 @@ def prune_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     ]
 
 
+# how far each strategy shards the step's state: a row is offered only where it shards more
+# than the job does already (DDP < ZeRO-1 < FSDP2 keeping parameters < FSDP2)
+_SHARDING = {"ddp": 1, "zero1": 2, "fsdp:keep": 3, "fsdp": 4}
+
+
+def _own_sharding(ctx: PlanContext) -> tuple[int, int] | None:
+    """The job's own (sharding level, degree): (0, 1) on one GPU; None when its parallelism is
+    not one strategy of _SHARDING (tensor or pipeline parallel, HSDP, the user's own function),
+    which the rows would replace rather than extend."""
+    spec = ctx.job.parallel
+    if spec is None:
+        return 0, 1
+    if spec.parallelize is not None or len(spec.degrees) != 1 or spec.degrees[0][0] not in _SHARDING:
+        return None
+    name, degree = spec.degrees[0]
+    return _SHARDING[f"{name}:keep" if name == "fsdp" and spec.reshard_after_forward is False else name], degree
+
+
 def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:
     """ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 without resharding after forward over
     ``world_size`` GPUs; FSDP2 over 2, 4, 8, ... GPUs up to the first degree that fits (and
-    ``world_size``); each analysed by running the engine (per GPU, the highest rank).  None when
-    the job is already parallel or only one GPU is available."""
-    n = ctx.world_size
-    if ctx.job.parallel is not None or n < 2:
+    ``world_size``); each analysed by running the engine (per GPU, the highest rank).  Only with
+    a world size (``--world-size``, or the GPUs of the job's ``--parallel``) of 2 or more, and only
+    the rows that shard more than the job already does."""
+    n, own = ctx.world_size, _own_sharding(ctx)
+    if n is None or n < 2 or own is None:
         return []
     base = dict(on.row.changes) if on is not None else {}
     # ZeRO-1 records every distinct rank (each holds other parameters' state): the longest row, started first
-    rows: list[Request | Analysed | str] = [
-        Request({**base, "parallel": f"zero1={n}"}, note="communication as DDP", first=True),
-        Request({**base, "parallel": f"fsdp={n}:keep"}, note="all-gathers once per step; gradients reduce-scattered")]
+    offered: list[tuple[str, int, Request]] = [
+        ("zero1", n, Request({**base, "parallel": f"zero1={n}"}, note="communication as DDP", first=True)),
+        ("fsdp:keep", n, Request({**base, "parallel": f"fsdp={n}:keep"},
+                                 note="all-gathers once per step; gradients reduce-scattered"))]
     # FSDP2 (ZeRO-3) at each power-of-two degree up to the first that fits, and at world_size
     degrees = [d for d in (2, 4, 8, 16, 32, 64, 128, 256, 512) if d < n] if on is None else []
-    return rows + [Request({**base, "parallel": f"fsdp={degree}"}, until_fit="fsdp",
-                           note="1.5x DDP's communication; all-gathers in forward and backward")
-                   for degree in [*degrees, n]]
+    offered += [("fsdp", degree, Request({**base, "parallel": f"fsdp={degree}"}, until_fit="fsdp",
+                                         note="1.5x DDP's communication; all-gathers in forward and backward"))
+                for degree in [*degrees, n]]
+    return [request for name, degree, request in offered
+            if _SHARDING[name] > own[0] or (_SHARDING[name] == own[0] and degree > own[1])]
+
+
+def allocator_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:
+    """The CUDA caching allocator with expandable segments, when the job does not fit and its
+    reserved peak is above its allocated one (the allocator's cached segments are part of what
+    does not fit): analysed with PYTORCH_CUDA_ALLOC_CONF set so."""
+    stats = ctx.base.mode_report.allocator
+    if (stats is None or stats.config.expandable_segments or ctx.budget.fits(ctx.base.peak_bytes)
+            or stats.reserved_peak_bytes <= stats.allocated_peak_bytes):
+        return []
+    base = dict(on.row.changes) if on is not None else {}
+    return [Request({**base, "alloc_conf": expandable_conf(ctx.job.alloc_conf)},
+                    note="segments grow in place instead of new ones beside the cached ones: reserved stays "
+                         "near allocated; set it in the job's environment")]
 
 
 def offload_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:

@@ -53,7 +53,8 @@ class PlanRow:
     Attributes:
         name: what to do, in words (graphmem/preflight/changes.py names every row).
         changes: the same as data (the kinds in graphmem/preflight/changes.py).
-        peak_bytes: the predicted peak (the budget's metric: allocated on cuda).
+        peak_bytes: the bytes compared with the budget (graphmem/preflight/footprint.py: on
+            cuda the reserved peak + the CUDA context and NCCL buffers).
         saving_bytes: baseline peak minus this peak (negative: it adds memory).
         extra_compute: FLOPs per sample over the baseline's, minus 1 (0.33: a third more);
             None when unknown.
@@ -87,7 +88,7 @@ class PlanContext:
     batch: int | None              # the baseline's batch (first input's first dimension)
     templates: tuple[str, ...]     # the inputs with the batch dimension written B
     facts: ModelFacts
-    world_size: int = 8
+    world_size: int | None = None  # GPUs the sharding rows may use (--world-size, else --parallel's; None: one)
     prune_amount: float = 0.5
     group_size: int = 128
     bf16: bool = True              # the target computes in bf16 (CPU, or a GPU of compute capability 8.0+)
@@ -175,7 +176,12 @@ def job_with(ctx: PlanContext, changes: Mapping[str, Any]) -> Job:
         updates["quantize_base"] = changes["quantize_base"]
     if "parallel" in changes:
         text, _, keep = changes["parallel"].partition(":")
-        updates["parallel"] = replace(parse_parallel(text), reshard_after_forward=False if keep else None)
+        spec = replace(parse_parallel(text), reshard_after_forward=False if keep else None)
+        if ctx.job.parallel is not None:  # the job's own engine settings carry over
+            spec = replace(spec, nccl_buffer_mb=ctx.job.parallel.nccl_buffer_mb, bucket_mb=ctx.job.parallel.bucket_mb)
+        updates["parallel"] = spec
+    if "alloc_conf" in changes:
+        updates["alloc_conf"] = changes["alloc_conf"]
     if "prune_amount" in changes:
         # the pruned model is a factory of its own: the preset's class and config are in it
         updates.update(model=pruned_factory(ctx.source, ctx.job.model_kwargs, changes["prune_amount"],

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
 from graphmem.preflight.ranking import RANKING_RULE
-from graphmem.report.preflight_text import Context, header
+from graphmem.report.preflight_text import COMPARED_NOTE, Context, context_dict, header
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
@@ -35,8 +36,11 @@ def _row_to_dict(row: PlanRow) -> dict[str, Any]:
 
 def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
     """The JSON object of ``graphmem plan`` (bytes; ``rows`` ranked, best first)."""
-    return {"target": context.target, "inputs": list(plan.inputs), "device": plan.device, "gpu": context.gpu,
-            "mode": plan.mode, "budget_bytes": plan.budget.total_bytes, "budget": plan.budget.source,
+    return {**context_dict(context, plan.report), "inputs": list(plan.inputs), "device": plan.device,
+            "mode": plan.mode, "metric": "reserved_peak_bytes" if plan.device == "cuda" else "peak_bytes",
+            "world_size": plan.world_size, "world_source": plan.world_source or None,
+            "fits_as_given": plan.baseline.fits, "headroom_bytes": plan.headroom_bytes,
+            "budget_bytes": plan.budget.total_bytes, "budget": plan.budget.source,
             "margin": float(plan.budget.margin), "cap_bytes": plan.budget.cap_bytes,
             "baseline": _row_to_dict(plan.baseline), "rows": [_row_to_dict(r) for r in plan.rows],
             "train_peak_bytes": plan.train_peak_bytes, "inference_peak_bytes": plan.inference_peak_bytes,
@@ -44,17 +48,40 @@ def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
             "skipped": list(plan.skipped)}
 
 
+def _world_line(plan: Plan, context: Context) -> str:
+    """What the plan assumed about the GPUs the job may use."""
+    gpus = "GPUs" if plan.device == "cuda" else "processes"
+    n = plan.world_size
+    if n is None:
+        return (f"{gpus}: one, as given (--world-size N adds ZeRO-1 and FSDP2 rows over up to N {gpus})"
+                if plan.mode == "train" else f"{gpus}: one, as given")
+    if plan.world_source == "--world-size":
+        return (f"{gpus}: one (--world-size 1): no sharding rows" if n == 1 else
+                f"{gpus}: up to {n} (--world-size {n}): ZeRO-1 and FSDP2 rows shard over them")
+    spec = context.setup.parallel if context.setup is not None else None
+    more = (": rows that shard more than it does, over them" if any("parallel" in r.changes for r in plan.rows)
+            else f": nothing shards more over {n} (--world-size N adds more {gpus})")
+    return f"{gpus}: {n}, the job's own (--parallel {spec}){more}"
+
+
+def _as_given(plan: Plan, fmt: Callable[[int], str]) -> str:
+    share = f"{abs(plan.headroom_bytes) / plan.budget.total_bytes:.1%} of the budget"
+    if plan.baseline.fits:
+        return (f"as given: {fmt(plan.baseline.peak_bytes)}: fits as given with {fmt(plan.headroom_bytes)} headroom "
+                f"({share}); nothing needs to change, the rows below leave more room")
+    return f"as given: {fmt(plan.baseline.peak_bytes)}, does not fit (short by {fmt(-plan.headroom_bytes)}, {share})"
+
+
 def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
-    """Header, the ranked what-if table, footnotes, skipped remedies, the explanation."""
+    """Header, what was assumed, the ranked what-if table, footnotes, skipped remedies, the explanation."""
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
     mode = context.mode if plan.mode == "generate" else plan.mode  # the context says what is generated
-    shown = Context(target=context.target, inputs=plan.inputs, device=plan.device, mode=mode, gpu=context.gpu)
-    head = (header("plan", shown, fmt=fmt)
-            + f"\n\nbudget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
-              f"{float(plan.budget.margin):.0%}: peaks up to {fmt(plan.budget.cap_bytes)} fit\n"
-            + f"as given: {fmt(plan.baseline.peak_bytes)}, "
-            + ("fits" if plan.baseline.fits else f"does not fit (short by "
-               f"{fmt(plan.budget.required_bytes(plan.baseline.peak_bytes) - plan.budget.total_bytes)})"))
+    shown = replace(context, inputs=plan.inputs, device=plan.device, mode=mode)
+    head = "\n".join([header("plan", shown, plan.report, fmt=fmt) + "\n",
+                      f"budget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
+                      f"{float(plan.budget.margin):.0%}: peaks up to {fmt(plan.budget.cap_bytes)} fit",
+                      *([COMPARED_NOTE] if plan.device == "cuda" else []), _world_line(plan, context),
+                      textwrap.fill(_as_given(plan, fmt), width=100)])
     rows: list[list[Any]] = []
     notes: list[str] = []
     for i, row in enumerate(plan.rows, 1):
@@ -66,7 +93,8 @@ def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
     table = tabulate(rows, tablefmt="simple",
                      headers=["#", "what to change", "peak", "saving", "extra compute", "fits", "source"])
     parts = [head, table, "\n".join(notes)]
-    parts.append(textwrap.fill(f"{RANKING_RULE} formula: computed from this analysis's bytes, not executed "
+    parts.append(textwrap.fill(f"{RANKING_RULE} analysis: the job with the change, analysed as graphmem check "
+                               "analyses it. formula: computed from this analysis's bytes, not executed "
                                "(docs/preflight.md).", width=100))
     if plan.skipped:
         parts.append("Not analysed:\n" + "\n".join(f"- {s}" for s in plan.skipped))

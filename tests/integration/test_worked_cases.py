@@ -89,11 +89,17 @@ def _top_row(lines: list[str]) -> str:
 
 
 def _fits(case: WorkedCase, **changes: Any) -> tuple[int, int]:
-    """The job with ``changes``, analysed: its allocated peak and the GPU's memory."""
+    """The job with ``changes``, analysed: what the GPU must hold (the caching allocator's
+    reserved peak, NCCL's buffers and the CUDA context, on the rank that needs the most) and the
+    GPU's memory."""
     job = graphmem.make_job(**{**case.job, **changes})
     report = graphmem.analyze(job).train
     assert report is not None
-    return report.budget_peak_bytes, get_gpu(case.gpu).total_memory_bytes
+    gpu = get_gpu(case.gpu)
+    stats = [m.allocator for m in [r.report for r in report.ranks] or [report]]
+    assert all(s is not None for s in stats)
+    held = max(s.reserved_peak_bytes + s.nccl_buffer_bytes for s in stats if s is not None)
+    return held + gpu.cuda_context_bytes, gpu.total_memory_bytes
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -210,13 +210,15 @@ def test_a_bad_nccl_buffer_size_is_a_usage_error() -> None:
     assert "--nccl-buffer-mb" in result.output
 
 
-def test_check_lists_them_beside_a_verdict_that_leaves_them_out() -> None:
+def test_check_counts_them_in_the_verdict() -> None:
     args = ["check", "tests.models:MLP", "--input", "8x1000", "--mode", "train", "--optimizer", "sgd",
             "--gpu", "h100-80gb", "--parallel", "ddp=2", "--nccl-buffer-mb", "10"]
     result = CliRunner().invoke(main, [*args, "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["nccl_buffer_bytes"] == 10 * MiB
-    assert data["metric"] == "allocated_peak_bytes"  # the verdict's peak: the allocator's, without NCCL
+    # the verdict's bytes: the allocator's reserved peak + the CUDA context + NCCL's buffers
+    assert data["metric"] == "reserved_peak_bytes"
+    assert data["compared_bytes"] == data["reserved_peak_bytes"] + H100_CONTEXT + 10 * MiB
     text = CliRunner().invoke(main, args).output
     assert re.search(r"NCCL buffers +10\.00 MiB", text)

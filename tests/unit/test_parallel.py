@@ -182,7 +182,7 @@ def test_plan_offers_the_smallest_fsdp_degree_that_fits() -> None:
     at_2 = graphmem.analyze(MLP, ["4x1000"], mode="train", parallel="fsdp=2")
     assert at_2.train is not None
     budget = resolve_budget(parse_budget(f"{at_2.train.peak_bytes}B"), None)
-    plan = make_plan(make_job(MLP, "4x1000", mode="train"), budget)
+    plan = make_plan(make_job(MLP, "4x1000", mode="train"), budget, world_size=8)
     fsdp = [r for r in plan.rows if str(r.changes.get("parallel", "")).startswith("fsdp=")
             and ":" not in r.changes["parallel"]]
     assert [r.changes["parallel"] for r in fsdp] == ["fsdp=2"]

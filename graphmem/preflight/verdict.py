@@ -1,0 +1,107 @@
+"""``graphmem check``: will the job fit its budget?
+
+Input: a ``Job`` with concrete inputs and a ``Budget``.  Output: a frozen ``CheckResult``.
+
+The verdict compares what the device must hold (graphmem/preflight/footprint.py: on the CUDA
+target the caching allocator's reserved peak plus the CUDA context and NCCL's buffers) with
+the budget.  On the CUDA target, when that does not fit but the allocated peak would (the
+tensors fit; the allocator's cached segments do not), the job is analysed again with
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (segments that grow in place instead of
+new ones beside the old: the remedy PyTorch's out-of-memory message names for fragmentation),
+and the result says whether that fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from graphmem.job.job import Job
+from graphmem.job.spec import validate_inputs
+from graphmem.memory.results import MemoryReport
+from graphmem.preflight.budget import Budget
+from graphmem.preflight.check import predict
+from graphmem.preflight.footprint import Footprint, expandable_conf, footprint_of
+
+__all__ = ["CheckResult", "Expandable", "check"]
+
+
+@dataclass(frozen=True, slots=True)
+class Expandable:
+    """The job analysed again with expandable segments (bytes)."""
+
+    alloc_conf: str          # the PYTORCH_CUDA_ALLOC_CONF analysed
+    footprint: Footprint
+    fits: bool
+    required_bytes: int      # its needed bytes with the margin
+
+    def headroom_bytes(self, budget: Budget) -> int:
+        return budget.total_bytes - self.required_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """``graphmem check``'s answer (bytes).
+
+    Attributes:
+        peak_bytes: the bytes compared with the budget (``footprint.needed_bytes``: CPU the
+            tensor bytes at the peak; CUDA the reserved peak + CUDA context + NCCL buffers).
+        required_bytes: ``peak_bytes`` with the margin.
+        metric: "peak_bytes" (cpu) or "reserved_peak_bytes" (cuda: with what lives outside
+            the allocator added).
+        footprint: the allocated and reserved peaks and what lives outside the allocator.
+        expandable: on CUDA, when the reserved peak does not fit but the allocated one
+            does: the same job analysed with expandable segments (None otherwise).
+    """
+
+    fits: bool
+    peak_bytes: int
+    required_bytes: int
+    budget: Budget
+    metric: str
+    footprint: Footprint
+    report: MemoryReport
+    expandable: Expandable | None = None
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Budget left after the compared bytes and their margin; negative: the shortfall."""
+        return self.budget.total_bytes - self.required_bytes
+
+    @property
+    def reserved_peak_bytes(self) -> int | None:
+        return self.footprint.reserved_peak_bytes
+
+    @property
+    def allocated_required_bytes(self) -> int:
+        """The allocated peak plus what lives outside the allocator, with the margin."""
+        return self.budget.required_bytes(self.footprint.allocated_needed_bytes)
+
+    @property
+    def allocated_fits(self) -> bool:
+        """Whether the allocated peak (plus what lives outside the allocator) fits."""
+        return self.budget.fits(self.footprint.allocated_needed_bytes)
+
+
+def check(job: Job, budget: Budget) -> CheckResult:
+    """Will ``job`` fit ``budget``?  One analysis; two on the CUDA target when only the
+    allocator's cached segments stand in the way (see the module docstring).
+
+    Returns:
+        The verdict, the bytes compared and the same with the margin, in bytes.
+    """
+    if job.generate is None:
+        validate_inputs(job.inputs, symbolic=False)
+    prediction = predict(job)
+    found = footprint_of(prediction.report, job.mode)
+    fits = budget.fits(found.needed_bytes)
+    result = CheckResult(fits=fits, peak_bytes=found.needed_bytes,
+                         required_bytes=budget.required_bytes(found.needed_bytes), budget=budget,
+                         metric="reserved_peak_bytes" if found.cuda else "peak_bytes", footprint=found,
+                         report=prediction.report)
+    if fits or not found.cuda or found.expandable_segments or not result.allocated_fits:
+        return result
+    conf = expandable_conf(job.alloc_conf)
+    again = footprint_of(predict(replace(job, alloc_conf=conf), checkpoint_comparison=False).report, job.mode)
+    expandable = Expandable(alloc_conf=conf, footprint=again, fits=budget.fits(again.needed_bytes),
+                            required_bytes=budget.required_bytes(again.needed_bytes))
+    return replace(result, expandable=expandable)
