@@ -10,6 +10,8 @@ the analysis; the files are written whole and renamed into place together (all o
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -75,7 +77,10 @@ def _analysis(debug: bool) -> Iterator[None]:
 def _write(text: str, output: str | None, debug: bool, pictures: Callable[[StagedFiles], None] | None = None) -> None:
     """The result to --output (with the pictures: each written whole under a temporary name,
     all renamed into place once all are written, none left on failure) or to stdout.  Nothing
-    is written once interrupted."""
+    is written once interrupted.  ``--output /dev/stdout`` is stdout: the command's own fd 1 is
+    stderr (graphmem.cli.supervisor prints the result)."""
+    if output is not None and os.path.abspath(output) in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        output = None
     with errors_to_exit_codes(debug), staged_files() as staged:
         if pictures is not None:
             pictures(staged)
@@ -87,12 +92,20 @@ def _write(text: str, output: str | None, debug: bool, pictures: Callable[[Stage
 
 
 def _distinct(**paths: str | None) -> None:
-    """Refuse two outputs of one run that name the same file (one would overwrite the other)."""
-    seen: dict[Path, str] = {}
+    """Refuse two outputs of one run that name the same file (one would overwrite the other): the
+    same path after symbolic links, or two hard links of one file.  A device or FIFO may take two."""
+    seen: dict[object, str] = {}
     for option, path in paths.items():
         if path is None:
             continue
-        key = Path(path).resolve()
+        try:
+            found = os.stat(path)
+        except OSError:  # a new file: its path, links resolved, is its identity
+            key: object = os.path.realpath(path)
+        else:
+            if not stat.S_ISREG(found.st_mode):
+                continue
+            key = (found.st_dev, found.st_ino)
         if key in seen:
             raise click.UsageError(f"--{seen[key]} and --{option} name the same file {path!r}; give each its own")
         seen[key] = option

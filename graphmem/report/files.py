@@ -7,16 +7,26 @@ needs, so the CLI can refuse a bad option before the analysis starts.
 
 Every file is written whole under a temporary name in its own folder and renamed into place
 when all of a run's files are complete (``staged_files``): a reader never sees a partial
-file, and when one output fails none of that run's outputs is left behind.
+file, and when one output fails none of that run's outputs is left behind.  A file that is
+replaced keeps its mode (and, where the process may set it, its owner); a symbolic link
+keeps pointing where it did (its target is replaced).  A path that must not be replaced is
+written in place instead, once every renamed file is in place: a device, FIFO or other file
+that is not a regular one (``/dev/null``, ``/dev/stdout``: opened for appending, as a
+shell's ``>>`` would), and a regular file with more than one hard link (overwritten, so every
+link sees the new content; such a file is not replaced atomically).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from graphmem.errors import OutputError, UserInputError
@@ -31,15 +41,69 @@ __all__ = ["OUTPUT_FORMATS", "StagedFiles", "check_destination", "check_output_p
 
 OUTPUT_FORMATS = {"timeline": TIMELINE_FORMATS, "snapshot": ("pickle",), "dot": DOT_FORMATS}
 
+# A symbolic link there is one of the process's own descriptors (/dev/stdout, /dev/fd/1,
+# /proc/self/fd/1): written as a stream, never replaced, whatever it resolves to (a shell's
+# `> log` or `>> log` redirection included).
+_STREAM_ROOTS = ("/dev/", "/proc/")
+# Why a path cannot even be looked at, in words (os.stat's errno; the rest use strerror).
+_LOOKUP_FAULTS = {errno.ELOOP: "its symbolic links form a loop",
+                  errno.ENAMETOOLONG: "a name in it is longer than its file system allows",
+                  errno.EACCES: "permission denied on a folder of the path"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Destination:
+    """How one output path is written.  ``how``: ``rename`` (staged beside ``final`` and renamed
+    over it), ``overwrite`` (a hard-linked regular file, truncated and written) or ``append``
+    (a device, FIFO or descriptor, opened for appending and written)."""
+
+    final: Path  # the file that receives the content: the path itself, or the target of its symbolic links
+    how: str
+    existing: os.stat_result | None
+
+
+def _destination(path: str) -> _Destination:
+    """How ``path`` is written; UserInputError when it cannot even be looked up."""
+    try:
+        found: os.stat_result | None = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # the folder checks say which folder is wrong
+        found = None
+    except OSError as exc:
+        why = _LOOKUP_FAULTS.get(exc.errno or 0, (exc.strerror or str(exc)).lower())
+        raise UserInputError(f"cannot write {path!r}: {why}; choose another path") from None
+    stream = os.path.islink(path) and os.path.abspath(path).startswith(_STREAM_ROOTS)
+    if found is not None and not stat.S_ISDIR(found.st_mode) and (not stat.S_ISREG(found.st_mode) or stream):
+        return _Destination(Path(path), "append", found)
+    if found is not None and stat.S_ISREG(found.st_mode) and found.st_nlink > 1:
+        return _Destination(Path(path), "overwrite", found)
+    return _Destination(Path(os.path.realpath(path)) if os.path.islink(path) else Path(path), "rename", found)
+
 
 def check_destination(path: str) -> str:
-    """``path`` when a file can be written there: not a directory, in an existing folder where
-    a file can be created (tried, not guessed from permission bits: root, read-only mounts),
-    and, if it exists, writable.  Else UserInputError saying which and how to fix it."""
-    target = Path(path)
-    folder = target.parent
-    if target.is_dir():
-        raise UserInputError(f"{path!r} is a directory; expected a file path such as {str(target / 'report.txt')!r}")
+    """``path`` when a file can be written there: not a folder (nor written as one, ending in
+    ``/``), not a socket, and a file that exists must be writable; a new file or one replaced
+    by a rename needs an existing folder where a file can be created (tried, not guessed from
+    permission bits: root, read-only mounts).  Else UserInputError saying which and how to fix it."""
+    if path.endswith(("/", os.sep)):
+        raise UserInputError(f"{path!r} ends in {path[-1]!r}, so it names a folder; give a file path such as "
+                             f"{os.path.join(path, 'report.txt')!r}")
+    destination = _destination(path)
+    existing = destination.existing
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        raise UserInputError(f"{path!r} is a directory; expected a file path such as "
+                             f"{os.path.join(path, 'report.txt')!r}")
+    if existing is not None and stat.S_ISSOCK(existing.st_mode):
+        raise UserInputError(f"cannot write {path!r}: it is a socket, which cannot be opened as a file; choose "
+                             "another path")
+    if existing is not None and not os.access(path, os.W_OK):
+        raise UserInputError(f"cannot write {path!r}: the file exists and is not writable")
+    if destination.how == "rename":
+        _check_folder(path, destination.final.parent)
+    return path
+
+
+def _check_folder(path: str, folder: Path) -> None:
+    """The folder ``path``'s file is staged and renamed in exists and takes a new file."""
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise UserInputError(f"cannot write {path!r}: folder {str(folder)!r} {what}; create it or choose "
@@ -50,9 +114,6 @@ def check_destination(path: str) -> str:
     except OSError as exc:
         raise UserInputError(f"cannot write {path!r}: no file can be created in folder {str(folder)!r} "
                              f"({exc.strerror or exc}); choose a writable folder") from exc
-    if target.exists() and not os.access(target, os.W_OK):
-        raise UserInputError(f"cannot write {path!r}: the file exists and is not writable")
-    return path
 
 
 def check_output_path(kind: str, path: str) -> str:
@@ -61,7 +122,7 @@ def check_output_path(kind: str, path: str) -> str:
     else UserInputError naming the choices."""
     suffix = Path(path).suffix.lower().lstrip(".")
     formats = OUTPUT_FORMATS[kind]
-    if suffix not in formats:
+    if suffix not in formats and not path.endswith(("/", os.sep)):
         raise UserInputError(f"{kind} file {path!r}: unknown file type {'.' + suffix if suffix else '(none)'}; "
                              f"expected a file ending in {', '.join('.' + f for f in formats)}")
     check_destination(path)
@@ -79,35 +140,61 @@ def picture_title(report: MemoryReport) -> str:
     return f"graphmem: {report.target} ({', '.join(report.inputs)}), {what}"
 
 
+def _staged_name(final: Path) -> str:
+    """``.NAME.XXXXXXXX.partial.SUFFIX`` for ``final``, NAME shortened to fit the folder's limit on
+    name length (a 250-byte name is a valid output; its temporary name must be one too)."""
+    try:
+        limit = os.pathconf(final.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    suffix = final.suffix if len(os.fsencode(final.suffix)) <= 16 else ""  # writers pick the format by it
+    head, tail = f".{final.name}", f".{secrets.token_hex(4)}.partial{suffix}"
+    while len(os.fsencode(head + tail)) > limit and len(head) > 1:
+        head = head[:-1]
+    return head + tail
+
+
 class StagedFiles:
-    """Files written under temporary names beside their final paths (same folder, so the
-    rename is atomic), renamed into place together by ``commit``; ``discard`` removes them."""
+    """Files written under temporary names, then put in place together by ``commit``: beside
+    their final paths (same folder, so the rename is atomic), or, for a path written in place,
+    in a private temporary folder; ``discard`` removes them."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[Path, Path]] = []
+        self._pending: list[tuple[Path, _Destination]] = []
+        self._private: str | None = None  # the temporary folder of the files written in place
 
     def path_for(self, final: str) -> str:
         """The temporary path to write ``final``'s content to (same suffix: writers pick the
         format by it), e.g. ``out/.graph.svg.1f2e3d4c.partial.svg``."""
-        target = Path(final)
-        temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial{target.suffix}")
-        self._pending.append((temporary, target))
+        destination = _destination(final)
+        if destination.how == "rename":
+            temporary = destination.final.with_name(_staged_name(destination.final))
+        else:
+            self._private = self._private or tempfile.mkdtemp(prefix="graphmem-")
+            temporary = Path(self._private) / f"{len(self._pending)}{Path(final).suffix[:16]}"
+        self._pending.append((temporary, destination))
         return str(temporary)
 
     def commit(self) -> None:
-        """Rename every file into place; if one rename fails, remove those already renamed too."""
+        """Rename every file into place, then write those written in place; if one fails,
+        remove the files already renamed too."""
         renamed: list[Path] = []
         try:
-            for temporary, final in self._pending:
-                os.replace(temporary, final)
-                renamed.append(final)
+            for temporary, destination in self._pending:
+                if destination.how == "rename":
+                    _keep_mode(temporary, destination.existing)
+                    os.replace(temporary, destination.final)
+                    renamed.append(destination.final)
+            for temporary, destination in self._pending:
+                if destination.how != "rename":
+                    _write_in_place(temporary, destination)
         except BaseException:
             for final in renamed:
                 with contextlib.suppress(OSError):
                     final.unlink()
             self.discard()
             raise
-        self._pending.clear()
+        self.discard()
 
     def discard(self) -> None:
         """Remove the temporary files (those written so far)."""
@@ -115,6 +202,36 @@ class StagedFiles:
             with contextlib.suppress(OSError):
                 temporary.unlink()
         self._pending.clear()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
+
+
+def _keep_mode(temporary: Path, existing: os.stat_result | None) -> None:
+    """The replacing file takes the replaced one's mode, and its owner where this process may set it."""
+    if existing is None:
+        return
+    os.chmod(temporary, stat.S_IMODE(existing.st_mode))
+    mine = os.stat(temporary)
+    if (mine.st_uid, mine.st_gid) != (existing.st_uid, existing.st_gid):
+        with contextlib.suppress(OSError):  # only root may give a file away
+            os.chown(temporary, existing.st_uid, existing.st_gid)
+
+
+def _write_in_place(temporary: Path, destination: _Destination) -> None:
+    """Copy the staged content into the existing file: appended to a stream, over a hard-linked
+    file.  A FIFO nobody reads is an error, not a wait without end (opened without blocking)."""
+    flags = os.O_WRONLY | (os.O_APPEND | os.O_NONBLOCK if destination.how == "append" else os.O_TRUNC)
+    try:
+        descriptor = os.open(destination.final, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO and destination.existing and stat.S_ISFIFO(destination.existing.st_mode):
+            raise OSError(exc.errno, f"no process reads the FIFO {str(destination.final)!r}; start its reader "
+                          "first") from None
+        raise
+    os.set_blocking(descriptor, True)
+    with open(temporary, "rb") as source, open(descriptor, "wb") as target:
+        shutil.copyfileobj(source, target)
 
 
 @contextlib.contextmanager
@@ -130,7 +247,8 @@ def staged_files() -> Iterator[StagedFiles]:
             raise
         staged.commit()
     except OSError as exc:
-        raise OutputError(f"writing the output failed, nothing was written: {exc}") from exc
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise OutputError(f"writing the output failed, nothing was written: {exc.strerror or exc}{where}") from exc
 
 
 def write_files(report: MemoryReport, *, timeline: str | None = None, snapshot: str | None = None,

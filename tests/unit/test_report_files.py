@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,93 @@ def test_a_failing_picture_leaves_no_picture(tmp_path: Path, monkeypatch: pytest
         write_files(report, timeline=str(tmp_path / "t.svg"), snapshot=str(tmp_path / "s.pickle"),
                     dot=str(tmp_path / "g.dot"))
     assert os.listdir(tmp_path) == []
+
+
+# --- what each kind of destination becomes --------------------------------------------------
+
+def _write_one(path: Path | str, text: str) -> None:
+    with staged_files() as staged:
+        Path(staged.path_for(str(path))).write_text(text)
+
+
+def test_a_trailing_slash_names_a_folder(tmp_path: Path) -> None:
+    for path in (f"{tmp_path}/newdir/", f"{tmp_path}/report.json/"):
+        with pytest.raises(UserInputError, match="ends in '/', so it names a folder"):
+            check_destination(path)
+    with pytest.raises(UserInputError, match="names a folder"):  # not "unknown file type (none)"
+        check_output_path("dot", f"{tmp_path}/graphs/")
+    assert os.listdir(tmp_path) == []
+
+
+def test_lookup_faults_are_refused_in_words(tmp_path: Path) -> None:
+    (tmp_path / "loop.txt").symlink_to("loop.txt")
+    with pytest.raises(UserInputError, match="its symbolic links form a loop"):
+        check_destination(str(tmp_path / "loop.txt"))
+    with pytest.raises(UserInputError, match="longer than its file system allows"):
+        check_destination(str(tmp_path / ("a" * 300 + ".txt")))
+
+
+def test_a_long_name_gets_a_temporary_name_that_fits(tmp_path: Path) -> None:
+    name = "a" * 240 + ".txt"  # 244 bytes: valid, but ".NAME.XXXXXXXX.partial.txt" would be 266
+    check_destination(str(tmp_path / name))
+    _write_one(tmp_path / name, "report")
+    assert os.listdir(tmp_path) == [name] and (tmp_path / name).read_text() == "report"
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
+    target = tmp_path / "report.txt"
+    target.write_text("old")
+    target.chmod(0o600)
+    _write_one(target, "new")
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_a_hard_linked_file_is_written_in_place(tmp_path: Path) -> None:
+    target, other = tmp_path / "report.txt", tmp_path / "link.txt"
+    target.write_text("old content, longer than the new")
+    os.link(target, other)
+    inode = target.stat().st_ino
+    _write_one(target, "new")
+    assert other.read_text() == "new" and target.stat().st_ino == inode and target.stat().st_nlink == 2
+    assert sorted(os.listdir(tmp_path)) == ["link.txt", "report.txt"]
+
+
+def test_a_symbolic_link_keeps_pointing_at_its_target(tmp_path: Path) -> None:
+    (tmp_path / "real.txt").write_text("old")
+    (tmp_path / "link.txt").symlink_to("real.txt")
+    _write_one(tmp_path / "link.txt", "new")
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "real.txt").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["link.txt", "real.txt"]
+
+
+def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="no process reads the FIFO"):  # an error, never a wait without end
+        _write_one(fifo, "lost")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _write_one(fifo, "through the pipe")
+        assert os.read(reader, 100) == b"through the pipe"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and os.listdir(tmp_path) == ["pipe.txt"]
+
+
+def test_a_device_is_written_in_place_not_replaced() -> None:
+    before = os.stat(os.devnull)
+    assert check_destination(os.devnull) == os.devnull
+    _write_one(os.devnull, "discarded")
+    after = os.stat(os.devnull)
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+
+
+def test_a_socket_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = socket.socket(socket.AF_UNIX)
+    monkeypatch.chdir(tmp_path)  # a socket's path is limited to 107 bytes: bind it by a short relative name
+    server.bind("s.sock")
+    try:
+        with pytest.raises(UserInputError, match="it is a socket"):
+            check_destination(str(tmp_path / "s.sock"))
+    finally:
+        server.close()
