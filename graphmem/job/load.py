@@ -212,11 +212,13 @@ def construct_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None
         if config_class is None:
             raise UserInputError(f"--hf-config given, but {name} is not a transformers model class "
                                  "(it has no config_class); drop --hf-config or point at one")
-        call_kwargs = {"config": config_class(**{**hf_config, **given})}
+        call_kwargs = {"config": _make_config(config_class, {**hf_config, **given})}
     program = _target_of(source, name)
     # the model's own error names the options that fed its constructor, when any did
     options = [o for o, used in (("--kwargs", bool(given)), ("--hf-config", hf_config is not None)) if used]
     hint = f"; check {' and '.join(options)}" if options else ""
+    if hf_config is not None:
+        hint += _mistyped(config_class, {**hf_config, **given})
     build = functools.partial(source, **call_kwargs)
     with _argv(program):
         built = _build_with_fallbacks(build, program, hint, device)
@@ -224,6 +226,39 @@ def construct_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None
         raise UserInputError(f"{name}(...) returned a {type(built.module).__name__}, not an "
                              "nn.Module; point TARGET at a class or a factory of nn.Modules")
     return built
+
+
+def _make_config(config_class: Any, values: Mapping[str, Any]) -> Any:
+    """``config_class(**values)``; its refusal (a value of the wrong type, an unknown choice) is
+    the user's config.json, not graphmem's bug."""
+    try:
+        return config_class(**values)
+    except Exception as exc:
+        said = " ".join(str(exc).split()) or type(exc).__name__  # one line, however the class wrote it
+        said = said if len(said) <= 200 else said[:197] + "..."
+        raise UserInputError(f"--hf-config: {config_class.__name__} refused the config values: {said}"
+                             f"{_mistyped(config_class, values)}; fix the value in the config.json or "
+                             "--hf-config-kwargs") from exc
+
+
+def _mistyped(config_class: Any, values: Mapping[str, Any]) -> str:
+    """`` (hidden_size='big' where GPT2Config's default is the int 768)``: the given values whose
+    type is not that of the config class's default number or flag, for an error message; "" if none."""
+    try:
+        defaults = config_class()
+    except Exception:  # a config class without defaults: nothing to compare with
+        return ""
+    found = [f"{key}={value!r} where {config_class.__name__}'s default is the {type(default).__name__} {default!r}"
+             for key, value in values.items()
+             if isinstance(default := getattr(defaults, key, None), (int, float)) and not _same_kind(value, default)]
+    return f" ({'; '.join(found)})" if found else ""
+
+
+def _same_kind(value: Any, default: int | float) -> bool:
+    """A flag for a flag, a whole number for a whole number, a number for a fraction."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    return isinstance(value, int) if isinstance(default, int) else isinstance(value, (int, float))
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,50 +313,69 @@ def _model_errors(program: str, hint: str, why: str = "") -> Iterator[None]:
 REAL_BUILD_LIMIT_BYTES = 2 * 2**30
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# A Hugging Face Hub model id, ``org/name`` (huggingface_hub's repo id rules, less the ids
+# without an org): one slash, no other path separator, not a file name ending in .json.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def _is_hub_id(text: str) -> bool:
+    return _HUB_ID.fullmatch(text) is not None and not text.lower().endswith(".json")
 
 
 def _cached_hub_config(repo_id: str) -> str:
-    """The local path of a Hub model's config.json (downloaded into the Hugging Face cache if
-    the hub can be reached and offline mode is off)."""
+    """The path of a Hub model's config.json in the local Hugging Face cache (HF_HOME,
+    HF_HUB_CACHE); the network is never asked."""
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as exc:
-        raise UserInputError(f"--hf-config {repo_id!r} is a Hub model id, which needs huggingface_hub: "
-                             "pip install 'graphmem[hf]'; or give a local config.json") from exc
+        raise UserInputError(f"--hf-config {repo_id!r}: no such file, and reading a Hub model id needs "
+                             "huggingface_hub: pip install 'graphmem[hf]'; or give a local config.json") from exc
     try:
-        return str(hf_hub_download(repo_id, "config.json"))
-    except Exception as exc:  # offline, not cached, gated, unknown: one message for all of them
-        raise UserInputError(f"--hf-config {repo_id!r}: its config.json is not in the Hugging Face cache and "
-                             f"could not be fetched ({type(exc).__name__}); fetch it once with "
+        return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    except Exception as exc:  # not cached, a malformed id: one message for all of them
+        raise UserInputError(f"--hf-config {repo_id!r}: no such file, and the config.json of Hub model {repo_id!r} "
+                             "is not in the Hugging Face cache (graphmem never downloads); fetch it once with "
                              f"`hf download {repo_id} config.json`, or give a local config.json") from exc
 
 
 def load_hf_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The values of a local config.json, updated by ``overrides`` (None when neither is given).
 
-    ``path`` may also be a Hugging Face Hub model id (``meta-llama/Llama-3.1-8B``): its
-    config.json only, through huggingface_hub, which honours its cache and offline mode
-    (HF_HUB_OFFLINE, HF_HOME); no weights are ever fetched.
+    ``path`` that names no file may be a Hugging Face Hub model id (``meta-llama/Llama-3.1-8B``,
+    exactly one slash, not ending in .json): its config.json is then read from the local
+    Hugging Face cache only (HF_HOME, HF_HUB_CACHE); nothing is ever downloaded.
 
     Raises:
-        UserInputError: the file is missing or not a JSON object.
+        UserInputError: the file is missing (and the text is no cached Hub id), unreadable or
+            not a JSON object.
     """
     if path is None and not overrides:
         return None
     values: dict[str, Any] = {}
-    if path is not None and not os.path.exists(path) and _HUB_ID.fullmatch(path):
+    if path is not None and not os.path.exists(path):
+        if not _is_hub_id(path):
+            raise UserInputError(f"--hf-config: no such file {path!r}; give a local config.json, or a Hub model id "
+                                 "org/name whose config.json is in the Hugging Face cache")
         path = _cached_hub_config(path)
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                values = json.load(handle)
-        except FileNotFoundError as exc:
-            raise UserInputError(f"--hf-config: no such file {path!r}; give a local config.json "
-                                 "(graphmem never downloads one)") from exc
-        except json.JSONDecodeError as exc:
-            raise UserInputError(f"--hf-config: {path!r} is not valid JSON: {exc}") from exc
-        if not isinstance(values, dict):
-            raise UserInputError(f"--hf-config: {path!r} holds no JSON object")
+        values = _read_json_object(path)
     values.update(overrides or {})
+    return values
+
+
+def _read_json_object(path: str) -> dict[str, Any]:
+    """The JSON object in file ``path``; UserInputError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"--hf-config: {path!r} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise UserInputError(f"--hf-config: cannot read {path!r} ({exc.strerror or exc}); give a readable "
+                             "config.json") from exc
+    except (RecursionError, ValueError) as exc:  # not UTF-8, nested past Python's limit, a 5,000-digit number
+        what = "nested too deeply" if isinstance(exc, RecursionError) else first_line(exc)
+        raise UserInputError(f"--hf-config: {path!r} is not a JSON file graphmem can read ({what})") from exc
+    if not isinstance(values, dict):
+        raise UserInputError(f"--hf-config: {path!r} holds no JSON object")
     return values
