@@ -65,11 +65,20 @@ class JsonObjectType(click.ParamType):  # type: ignore[type-arg]
         try:
             data = json.loads(value)
         except json.JSONDecodeError as exc:
-            self.fail(f"not valid JSON ({exc.msg} at column {exc.colno}): {value!r}; "
+            self.fail(f"not valid JSON ({exc.msg} at column {exc.colno}): {_excerpt(value)}; "
                       "expected an object such as '{\"hidden\": 256}'", param, ctx)
+        except (RecursionError, ValueError) as exc:  # nested past Python's limit; an int of 5,000 digits
+            what = "nested too deeply" if isinstance(exc, RecursionError) else "with a number too long to read"
+            self.fail(f"JSON {what}: {_excerpt(value)}; expected an object such as '{{\"hidden\": 256}}'",
+                      param, ctx)
         if not isinstance(data, dict):
-            self.fail(f"expected a JSON object such as '{{\"hidden\": 256}}', got {value!r}", param, ctx)
+            self.fail(f"expected a JSON object such as '{{\"hidden\": 256}}', got {_excerpt(value)}", param, ctx)
         return data
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    """``text`` quoted, cut to ``limit`` characters (a 100,000-character value makes no message)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
 def _import_target(text: str) -> tuple[str, ModelSource]:

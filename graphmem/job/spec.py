@@ -7,6 +7,7 @@ Nothing here touches a model or allocates a tensor.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ _SPEC_PARTS_RE = re.compile(r"^(?P<name>\s*[A-Za-z_][A-Za-z0-9_]*\s*=)?(?P<dims>
 _SPEC_RE = re.compile(
     r"^(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)=)?(?P<dims>[^:=]*)(?::(?P<dtype>[A-Za-z0-9_]+))?$"
 )
+
+
+# A tensor's size in bytes is an int64 (c10's storage size computation refuses more), as are
+# its dimensions and the values graphmem may assume for an integer input.
+_MAX_TENSOR_BYTES = _MAX_INT = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +91,8 @@ def parse_input_spec(text: str) -> InputSpec:
     tensor).  DTYPE defaults to float32.
 
     Raises:
-        UserInputError: malformed text, a non-positive dimension or an unknown dtype.
+        UserInputError: malformed text, a non-positive dimension, an unknown dtype, or more
+            than 2**63 - 1 bytes in all.
     """
     match = _SPEC_RE.match(text.strip())
     hint = "expected [NAME=]DIMS[:DTYPE] such as 32x1000, 8x512:int64 or input_ids=2x128:int64"
@@ -95,7 +102,7 @@ def parse_input_spec(text: str) -> InputSpec:
     dims: list[int] = []
     if dims_text not in ("", "scalar"):
         for part in dims_text.split("x"):
-            if not part.strip().isdigit():
+            if not part.strip().isdecimal():  # not isdigit: int() refuses "²", which isdigit takes
                 raise UserInputError(f"malformed input spec {text!r}: dimension {part!r} "
                                      f"is not a positive integer; {hint}")
             dims.append(int(part))
@@ -103,6 +110,10 @@ def parse_input_spec(text: str) -> InputSpec:
         raise UserInputError(f"input spec {text!r} has a dimension <= 0; dimensions must be "
                              "positive integers")
     dtype = parse_dtype(match["dtype"]) if match["dtype"] else torch.float32
+    elements = math.prod(dims)
+    if elements * dtype.itemsize > _MAX_TENSOR_BYTES:
+        raise UserInputError(f"input spec {text!r} is too large: {elements:,} elements of {dtype.itemsize} bytes "
+                             f"pass the {_MAX_TENSOR_BYTES:,} bytes a tensor can hold; give smaller dimensions")
     return InputSpec(shape=tuple(dims), dtype=dtype, name=match["name"])
 
 
@@ -121,6 +132,9 @@ def parse_generate(text: str, batch: int = 1) -> GenerateSpec:
     if match is None or int(match[1]) < 1 or int(match[2]) < 1 or batch < 1:
         raise UserInputError(f"malformed --generate {text!r}; expected PROMPT+NEW with positive "
                              "token counts, e.g. 2048+512 (and --batch >= 1)")
+    if (int(match[1]) + int(match[2])) * batch > _MAX_INT:
+        raise UserInputError(f"--generate {text!r} with --batch {batch}: more tokens than a tensor can index "
+                             f"({_MAX_INT:,}); give smaller counts")
     return GenerateSpec(int(match[1]), int(match[2]), batch)
 
 
@@ -149,8 +163,9 @@ def parse_assumption(text: str) -> tuple[str, str]:
                                  "[0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
         return KEPT_FRACTION, repr(fraction)
     if name.strip() == READ_VALUE:
-        if not value.isdigit():
-            raise UserInputError(f"malformed --assume {text!r}; expected {READ_VALUE}=N with N a whole number, e.g. "
+        if not value.isdecimal() or int(value) > _MAX_INT:
+            raise UserInputError(f"malformed --assume {text!r}; expected {READ_VALUE}=N with N a whole number up to "
+                                 f"{_MAX_INT:,}, e.g. "
                                  "reads=1000: each number the model reads from values it computed (a predicted "
                                  "length) is taken as 1000")
         return READ_VALUE, value
@@ -159,9 +174,10 @@ def parse_assumption(text: str) -> tuple[str, str]:
             raise UserInputError(f"malformed --assume {text!r}; expected {ROUTING}=uneven (every expert gets a token, "
                                  "the first ones all the rest) or routing=balanced (tokens spread evenly)")
         return ROUTING, value
-    if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or value.lstrip("-").isdigit()):
+    integer = value.removeprefix("-").isdecimal() and -_MAX_INT - 1 <= int(value) <= _MAX_INT
+    if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or integer):
         raise UserInputError(f"malformed --assume {text!r}; expected NAME=VALUE with VALUE one of "
-                             f"{', '.join(ASSUMPTION_KINDS)} or an integer, e.g. attention_mask=ones")
+                             f"{', '.join(ASSUMPTION_KINDS)} or an integer that fits int64, e.g. attention_mask=ones")
     return name.strip(), value
 
 
@@ -230,8 +246,8 @@ def parse_sweep(text: str) -> tuple[str, tuple[int, ...]]:
             picked = sorted({int(v) for v in values.split(",")})
     except (ValueError, ZeroDivisionError):
         raise UserInputError(f"malformed --sweep {text!r}; {hint}") from None
-    if not picked or picked[0] < 1:
-        raise UserInputError(f"--sweep {text!r} has no value or a value below 1; {hint}")
+    if not picked or picked[0] < 1 or picked[-1] > _MAX_INT:
+        raise UserInputError(f"--sweep {text!r} has no value, a value below 1 or one past {_MAX_INT:,}; {hint}")
     return name, tuple(picked)
 
 

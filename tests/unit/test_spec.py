@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from graphmem.errors import UserInputError
-from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec
+from graphmem.job.spec import InputSpec, parse_assumption, parse_dtype, parse_generate, parse_input_spec, parse_sweep
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -62,3 +64,34 @@ def test_parse_sweep() -> None:
     for text in ("b=1..4", "B=", "B=1..x", "X=1..4", "B=0..3", "B=-1,2"):
         with pytest.raises(UserInputError):
             parse_sweep(text)
+
+
+# --- sizes past int64, digits int() cannot read ----------------------------------------------
+
+@pytest.mark.parametrize("text", ["99999999999999999999x4", "2305843009213693952x4", "4611686018427387904:int16"])
+def test_an_input_past_int64_bytes_is_a_user_error(text: str) -> None:
+    # 2305843009213693952 x 4 elements x 4 bytes = 2**65; 2**62 int16 elements = 2**63 bytes, one past the most
+    with pytest.raises(UserInputError, match="too large.*a tensor can hold"):
+        parse_input_spec(text)
+
+
+def test_the_largest_input_a_tensor_can_hold_is_taken() -> None:
+    assert parse_input_spec("4611686018427387903:int16").shape == (2**62 - 1,)  # 2**63 - 2 bytes
+
+
+def test_a_digit_int_cannot_read_is_malformed() -> None:
+    with pytest.raises(UserInputError, match="dimension '²'"):  # "²".isdigit() is True, int("²") raises
+        parse_input_spec("²x4")
+    with pytest.raises(UserInputError, match="malformed --assume"):
+        parse_assumption("reads=²")
+
+
+@pytest.mark.parametrize("parse, text", [
+    (parse_generate, "99999999999999999999+1"),
+    (parse_sweep, "B=1..99999999999999999999"),
+    (parse_assumption, "attention_mask=99999999999999999999"),
+    (parse_assumption, "reads=99999999999999999999"),
+])
+def test_numbers_past_int64_are_user_errors(parse: Callable[[str], object], text: str) -> None:
+    with pytest.raises(UserInputError):
+        parse(text)
