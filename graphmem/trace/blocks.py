@@ -7,14 +7,17 @@ and places the other blocks' ops and storages by offset.
 
 Blocks are alike when every submodule has the same class, the same parameters and buffers
 (names, shapes, dtypes, ``requires_grad``, tensor class), no hooks (but torch.nn.utils.prune's,
-alike), and the same plain
-attributes, except integers (and numbers in names) that grow with the block's position
-(``layer_idx``).  The first block need not be like the others: it is recorded as it is (a
-ResNet stage's first block downsamples, T5's first holds the position bias).  A transformers
-config with a per-layer list whose entries differ, or a list of some layers' indices, makes the
-stack unlike: the model's code reads it by layer index where no attribute of a block shows it.
-A block whose behaviour depends on its position only through such an integer is caught
-by the check graphmem.trace.repeat makes on the recording itself.
+alike), and the same plain attributes, except integers (and numbers in names) that grow with
+the block's position (``layer_idx``).  A module held as a plain attribute, not a submodule, is
+compared by the same rules: transformers 5 decorates its attention classes with the kernels
+package's ``use_kernelized_func``, which gives each block its own ``_kernel_funcs`` wrapper of
+``apply_rotary_pos_emb`` (kernels/_internals/layer/layer.py).  The first block need not be like
+the others: it is recorded as it is (a ResNet stage's first block downsamples, T5's first holds
+the position bias).  A transformers config with a per-layer list whose entries differ, or a
+list of some layers' indices, makes the stack unlike: the model's code reads it by layer index
+where no attribute of a block shows it.  A block whose behaviour depends on its position only
+through such an integer is caught by the check graphmem.trace.repeat makes on the recording
+itself.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from torch.nn.utils import prune
 __all__ = ["Stack", "find_stack", "cut_to"]
 
 MIN_BLOCKS = 6  # below this, recording four blocks and checking them saves little
+_HIDDEN_DEPTH = 3  # modules held as plain attributes compared this deep (a module holding itself ends)
 _PLAIN = (int, float, bool, type(None), torch.dtype, torch.device)
 _NUMBER = re.compile(r"(\d+)")
 _HOOK_PREFIXES = ("_forward", "_backward", "_state_dict", "_load")
@@ -142,12 +146,15 @@ def _pruning_hooks(module: nn.Module) -> list[Any] | None:
     return pre
 
 
-def _same_value(a: Any, b: Any, position: int) -> bool:
+def _same_value(a: Any, b: Any, position: int, depth: int = 0) -> bool:
     """``a`` (block 0's) and ``b`` (the block at ``position``'s) are the same attribute: equal,
-    the same object, or integers (and numbers in names) that differ by the position (a layer
-    index, ``model.layers.3.self_attn``)."""
+    the same object, integers (and numbers in names) that differ by the position (a layer
+    index, ``model.layers.3.self_attn``), or each block's own module held as a plain attribute
+    and alike (``depth``: how many such modules deep the comparison is)."""
     if a is b:
         return True
+    if isinstance(a, nn.Module) or isinstance(b, nn.Module):  # before callable: a module is one
+        return isinstance(a, nn.Module) and isinstance(b, nn.Module) and _same_hidden(a, b, position, depth)
     if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and b - a == position:
         return True
     if isinstance(a, str) and isinstance(b, str):  # a name with the block's index in it
@@ -157,20 +164,35 @@ def _same_value(a: Any, b: Any, position: int) -> bool:
     if isinstance(a, _PLAIN) and isinstance(b, _PLAIN):
         return type(a) is type(b) and a == b
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same_value(x, y, 0) for x, y in zip(a, b, strict=True))
+        return type(a) is type(b) and len(a) == len(b) \
+            and all(_same_value(x, y, 0, depth) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_value(a[k], b[k], position) for k in a)
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k], position, depth) for k in a)
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
             and a.dtype == b.dtype
     if isinstance(a, functools.partial) and isinstance(b, functools.partial):  # an activation with arguments
-        return a.func is b.func and _same_value(a.args, b.args, 0) and _same_value(a.keywords, b.keywords, 0)
+        return a.func is b.func and _same_value(a.args, b.args, 0, depth) \
+            and _same_value(a.keywords, b.keywords, 0, depth)
     if callable(a) and callable(b):  # the same function bound to each block's own module
         return getattr(a, "__func__", a) is getattr(b, "__func__", b)
     try:
         return bool(type(a) is type(b) and a == b)
     except Exception:  # an object whose == is not a plain comparison
         return False
+
+
+def _same_hidden(a: nn.Module, b: nn.Module, position: int, depth: int) -> bool:
+    """Block 0's and the block at ``position``'s module held as a plain attribute, not a
+    submodule, are alike: the same class and signature (``_signature``), compared at most
+    _HIDDEN_DEPTH such modules deep."""
+    if type(a) is not type(b) or depth >= _HIDDEN_DEPTH:
+        return False
+    first, other = _signature(a), _signature(b)
+    if first is None or other is None or len(first) != len(other):
+        return False
+    return all(key == key2 and _same_value(x, y, position, depth + 1)
+               for (key, x), (key2, y) in zip(first, other, strict=True))
 
 
 @contextlib.contextmanager

@@ -232,6 +232,40 @@ def test_stacks_that_are_not_alike_are_not_found() -> None:
     assert stack is not None and stack.path == "1" and stack.length == 6
 
 
+class _Rotary(nn.Module):
+    """A parameterless wrapper of a function, as kernels' ``use_kernelized_func`` gives each block."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+class _Holding(nn.Module):
+    """A block holding its own module as a plain attribute, not a submodule (transformers 5's
+    attention classes hold ``_kernel_funcs = {"apply_rotary_pos_emb": Func()}`` so)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.__dict__["_kernel_funcs"] = {"rotary": _Rotary(scale)}  # (nn.Module.__setattr__ would register it)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernel_funcs["rotary"](self.linear(x))
+
+
+def test_modules_held_as_plain_attributes_are_compared_as_blocks_are() -> None:
+    assert [name for name, _ in _Holding(1.0).named_children()] == ["linear"], "the wrapper is no submodule"
+    assert find_stack(nn.Sequential(*[_Holding(1.0) for _ in range(8)])) is not None  # each block's own, alike
+    assert find_stack(nn.Sequential(*[_Holding(1.0 if i != 4 else 2.0) for i in range(8)])) is None
+    looped = [_Holding(1.0) for _ in range(8)]
+    for block in looped:
+        block.__dict__["me"] = block  # a block holding itself: the comparison ends, unlike
+    assert find_stack(nn.Sequential(*looped)) is None
+
+
 @pytest.mark.parametrize("parallel", ["fsdp=4"])
 def test_sharded_blocks_are_placed_too(monkeypatch: pytest.MonkeyPatch, parallel: str) -> None:
     """FSDP2 shards each block's own parameters: every rank's recording is placed by offset."""
