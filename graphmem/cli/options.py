@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import click
 
 from graphmem.cli.process import set_progress, user_output_to_stderr
-from graphmem.cli.supervisor import parse_duration
 from graphmem.cuda.gpus import GPUS
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
@@ -27,6 +26,7 @@ from graphmem.job.spec import MODEL_DTYPES, parse_assumption, validate_inputs
 from graphmem.job.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
 from graphmem.report import UNIT_CHOICES
 from graphmem.report.files import check_destination
+from graphmem.units import parse_duration
 
 __all__ = ["JOB_OPTION_NAMES", "JsonObjectType", "ParsedType", "job_from", "job_options", "output_options"]
 

@@ -29,7 +29,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -40,25 +39,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from graphmem.units import parse_duration
 from graphmem.workers import die_with_parent
 
-__all__ = ["main", "parse_duration"]
+__all__ = ["main"]
 
 FAILED, INTERRUPTED_BASE = 3, 128  # graphmem.cli.exit_codes' FAILED; 128 + signal, as shells report it
 _SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h)?\s*", re.IGNORECASE)
-_UNIT_S = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``90``, ``90s``, ``1.5m``, ``10min``, ``2h``, ``500ms``; ValueError otherwise."""
-    match = _DURATION.fullmatch(text)
-    seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower()] if match else 0.0
-    if seconds <= 0:
-        raise ValueError(f"{text!r} is not a duration such as 90s, 10m or 2h")
-    return seconds
-
-
 def _option(argv: Sequence[str], name: str) -> str | None:
     """The value of ``--name V`` / ``--name=V`` in argv (the last wins, as click's does)."""
     value = None
