@@ -164,7 +164,8 @@ def _weights_words(changes: Mapping[str, Any], optimizer: str, mode: str) -> str
 def _allocator_words(changes: Mapping[str, Any], optimizer: str, mode: str) -> str:
     if "alloc_conf" not in changes:
         return ""
-    return f"expandable segments (PYTORCH_CUDA_ALLOC_CONF={changes['alloc_conf']})"
+    conf = changes["alloc_conf"]  # the job's other allocator settings kept beside it: named
+    return "expandable segments" + (f" (PYTORCH_CUDA_ALLOC_CONF={conf})" if conf != "expandable_segments:True" else "")
 
 
 _PARTS: tuple[Callable[[Mapping[str, Any], str, str], str], ...] = (

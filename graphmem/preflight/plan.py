@@ -52,7 +52,15 @@ from graphmem.preflight.remedies import (
     sharding_rows,
     sparse_row,
 )
-from graphmem.preflight.rows import Analysed, PlanContext, PlanRow, analysed_row, analysed_rows, batch_templates
+from graphmem.preflight.rows import (
+    Analysed,
+    PlanContext,
+    PlanRow,
+    Request,
+    analysed_row,
+    analysed_rows,
+    batch_templates,
+)
 
 __all__ = ["RANKING_RULE", "Plan", "PlanRow", "make_plan", "rank_rows"]
 
@@ -106,7 +114,9 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
     found: list[Analysed | str] = []
     search = _batch_row(ctx, found)
     found += _alone_rows(ctx)
-    found += _combined_rows(ctx, [a for a in found if isinstance(a, Analysed)])
+    alone = [a for a in found if isinstance(a, Analysed)]
+    found += _combined_rows(ctx, alone)
+    found += _with_expandable_segments(ctx, [a for a in found if isinstance(a, Analysed)])
     # a row that saves nothing is no remedy (an implementation that saves nothing alone still
     # joins the combinations above: _best_of_each_kind)
     rows = _distinct([a.row for a in found if isinstance(a, Analysed) and a.row.saving_bytes != 0])
@@ -244,6 +254,17 @@ def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | s
         return out
     return out + analysed_rows(ctx, [*sharding_rows(ctx, best),
                                      *(offload_rows(ctx, best) if "offload" not in best.row.changes else [])])
+
+
+def _with_expandable_segments(ctx: PlanContext, rows: list[Analysed]) -> list[Analysed | str]:
+    """Each analysed row that does not fit only because of the allocator's cached segments (its
+    allocated peak with the CUDA context would), again with expandable segments: the chain of
+    combinations stops at the first that fits and would not try it on every row."""
+    near = [a for a in rows if a.prediction is not None and not a.row.fits and "alloc_conf" not in a.row.changes
+            and ctx.budget.fits(footprint_of(a.prediction.report, ctx.job.mode).allocated_needed_bytes)]
+    tried = {repr(sorted(a.row.changes.items())) for a in rows}
+    requests = [r for a in near for r in allocator_rows(ctx, a) if isinstance(r, Request)]
+    return analysed_rows(ctx, [r for r in requests if repr(sorted(r.changes.items())) not in tried])
 
 
 def _chain(ctx: PlanContext, picks: list[Analysed], seen: dict[str, Analysed | str]

@@ -232,17 +232,21 @@ def sharding_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request 
 
 
 def allocator_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:
-    """The CUDA caching allocator with expandable segments, when the job does not fit and its
-    reserved peak is above its allocated one (the allocator's cached segments are part of what
-    does not fit): analysed with PYTORCH_CUDA_ALLOC_CONF set so."""
-    stats = ctx.base.mode_report.allocator
-    if (stats is None or stats.config.expandable_segments or ctx.budget.fits(ctx.base.peak_bytes)
-            or stats.reserved_peak_bytes <= stats.allocated_peak_bytes):
+    """The CUDA caching allocator with expandable segments, for the job (or the analysed row
+    ``on``) when it does not fit and its reserved peak is above its allocated one (the
+    allocator's cached segments are part of what does not fit): analysed with
+    PYTORCH_CUDA_ALLOC_CONF set so."""
+    made = on.prediction if on is not None and on.prediction is not None else ctx.base
+    stats = made.mode_report.allocator
+    fits = on.row.fits if on is not None else ctx.budget.fits(ctx.base.peak_bytes)
+    if stats is None or stats.config.expandable_segments or fits:
         return []
-    base = dict(on.row.changes) if on is not None else {}
-    return [Request({**base, "alloc_conf": expandable_conf(ctx.job.alloc_conf)},
-                    note="segments grow in place instead of new ones beside the cached ones: reserved stays "
-                         "near allocated; set it in the job's environment")]
+    if stats.reserved_peak_bytes <= stats.allocated_peak_bytes:  # no cached segment to spare
+        return []
+    conf = expandable_conf(ctx.job.alloc_conf)
+    return [Request({**(dict(on.row.changes) if on is not None else {}), "alloc_conf": conf},
+                    note=f"PYTORCH_CUDA_ALLOC_CONF={conf} in the job's environment: segments grow in place instead "
+                         "of new ones beside the cached ones, so the reserved peak stays near the allocated one")]
 
 
 def offload_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request | Analysed | str]:

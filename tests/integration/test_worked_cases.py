@@ -50,15 +50,16 @@ LLAMA_7B = WorkedCase(
     "7B LLM on one 80 GB GPU",
     dict(preset="llama-2-7b", inputs=["input_ids=1x4096:int64"], dtype="float32", amp="bf16", optimizer="adamw",
          gpu="h100-80gb", mode="train"),
-    top="optimizer offloaded to the CPU (ZeRO-Offload)",
-    applied=dict(optimizer="none"),  # the device's side: the step and its state are on the host
+    top="optimizer offloaded to the CPU (ZeRO-Offload) + expandable segments",
+    # the device's side: the step and its state are on the host; the allocator's segments grow in place
+    applied=dict(optimizer="none", alloc_conf="expandable_segments:True"),
     cli=["--world-size", "1"])
 LLAMA_70B = WorkedCase(
     "70B LLM on 8 GPUs",
     dict(preset="llama-3-70b", inputs=["input_ids=1x4096:int64"], optimizer="adamw", gpu="h100-80gb",
          parallel="fsdp=8", mode="train"),
-    top="checkpoint every LlamaDecoderLayer + optimizer offloaded to the CPU (ZeRO-Offload)",
-    applied=dict(checkpoint=["LlamaDecoderLayer"], optimizer="none"))
+    top="checkpoint every LlamaDecoderLayer + optimizer offloaded to the CPU (ZeRO-Offload) + expandable segments",
+    applied=dict(checkpoint=["LlamaDecoderLayer"], optimizer="none", alloc_conf="expandable_segments:True"))
 RESNET = WorkedCase(
     "CNN on a 16 GB GPU",
     dict(model=str(ROOT / "examples" / "resnet.py") + ":ResNet50", inputs=["256x3x224x224"], loss="cross_entropy",

@@ -95,7 +95,8 @@ def test_plan_offers_expandable_segments_as_an_analysed_row(gap: dict[str, int])
     assert row["peak_bytes"] == gap["expandable"] + H100_CONTEXT
     assert data["rows"][0] == row  # the same math, a setting, no extra compute: first
     code, text = _run("plan", MLP, "--input", "32x1000", *H100, "--budget", f"{gap['budget']}B")
-    assert code == 0 and f"expandable segments (PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE})" in text
+    assert code == 0 and re.search(r"^  1  expandable segments \[(\d+)\] ", text, re.M), text
+    assert f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE} in the job's environment" in text
 
 
 def test_max_batch_answers_what_check_says() -> None:
