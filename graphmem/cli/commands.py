@@ -51,8 +51,9 @@ def main() -> None:
     (forward, autograd backward, optimizer) is recorded as a graph of aten ops on fake
     tensors, and a storage-aware liveness pass gives the live bytes after every op.
 
-    Exit codes (docs/exit-codes.md): 0 success (check: fits), 1 does not fit (check, max-batch),
-    2 usage error, 3 the analysis failed, 130 interrupted, 141 stdout closed.
+    Exit codes (docs/exit-codes.md): 0 success (check: fits), 1 does not fit (check, max-batch,
+    max-seq), 2 usage error, 3 the analysis failed or --timeout passed, 129 / 130 / 143 ended by
+    SIGHUP / SIGINT (Ctrl-C) / SIGTERM, 141 stdout closed.
     """
 
 

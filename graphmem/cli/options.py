@@ -207,7 +207,9 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--parallel"], default=None, metavar="NAME=N[,NAME=N]",
                      help="Training spread over GPUs, applied by PyTorch's own engines; memory per GPU: "
                           "ddp=8 (DistributedDataParallel), fsdp=8 (FSDP2 fully_shard), ddp=2,fsdp=4 "
-                          "(HSDP), zero1=8 (DDP with ZeroRedundancyOptimizer)."),
+                          "(HSDP), zero1=8 (DDP with ZeroRedundancyOptimizer), tp=8 (tensor parallel; see "
+                          "--tp-plan), fsdp=4,tp=2 (FSDP2 + tensor parallel, 2-D), pp=4 (pipeline parallel; see "
+                          "--schedule)."),
         click.Option(["--parallelize"], default=None, metavar="pkg.module:fn",
                      help="With --parallel: your own fn(model, mesh) that applies your parallelism (the "
                           "one your trainer calls), run unchanged on the mesh --parallel describes."),
@@ -280,7 +282,8 @@ def output_options(formats: Sequence[str]) -> Callable[[F], F]:
 def job_from(options: Mapping[str, Any]) -> Job:
     """The Job the job options describe (``options``: the command's keyword arguments)."""
     target: tuple[str, ModelSource] | None = options["target"]
-    name, source = target if target else (options["preset"] or options["hf_config"], None)
+    hf_config = load_hf_config(options["hf_config"], options["hf_config_kwargs"])
+    name, source = target if target else (options["preset"] or _config_name(options["hf_config"], hf_config), None)
     return make_job(
         source, options["inputs"], mode=options["mode"], optimizer=options["optimizer"], loss=options["loss"],
         device=options["device"], dtype=options["dtype"], kwargs=options["model_kwargs"],
@@ -289,7 +292,7 @@ def job_from(options: Mapping[str, Any]) -> Job:
         checkpoint_save=options["checkpoint_save"], grad_accum=options["grad_accum"],
         gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
         assume=dict(parse_assumption(a) for a in options["assumptions"]),
-        hf_config=load_hf_config(options["hf_config"], options["hf_config_kwargs"]), preset=options["preset"],
+        hf_config=hf_config, preset=options["preset"],
         generate=options["generate"], batch=options["batch"], parallel=options["parallel"],
         ddp_bucket_mb=options["ddp_bucket_mb"], ddp_bucket_view=options["ddp_bucket_view"],
         nccl_buffer_mb=options["nccl_buffer_mb"],
@@ -298,3 +301,14 @@ def job_from(options: Mapping[str, Any]) -> Job:
         fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
         microbatches=options["microbatches"], schedule=options["schedule"],
         freeze=options["freeze"], lora=options["lora"], quantize_base=options["quantize_base"], name=name)
+
+
+def _config_name(path: str | None, config: Mapping[str, Any] | None) -> str | None:
+    """``LlamaForCausalLM (from conf/config.json)``: the class a config names (its first
+    ``architectures``, else its ``model_type``) and where it came from; the path alone when it
+    names neither."""
+    if path is None:
+        return None
+    architectures = (config or {}).get("architectures")
+    named = architectures[0] if isinstance(architectures, list) and architectures else (config or {}).get("model_type")
+    return f"{named} (from {path})" if isinstance(named, str) and named else path

@@ -214,11 +214,15 @@ def construct_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None
                                  "(it has no config_class); drop --hf-config or point at one")
         call_kwargs = {"config": _make_config(config_class, {**hf_config, **given})}
     program = _target_of(source, name)
-    # the model's own error names the options that fed its constructor, when any did
-    options = [o for o, used in (("--kwargs", bool(given)), ("--hf-config", hf_config is not None)) if used]
+    # the model's own error names the options that fed its constructor, when any did, or the
+    # arguments it lacks
+    missing = _missing_arguments(source, call_kwargs)
+    options = [o for o, used in (("--kwargs", bool(given) and not missing), ("--hf-config", hf_config is not None))
+               if used]
     hint = f"; check {' and '.join(options)}" if options else ""
     if hf_config is not None:
         hint += _mistyped(config_class, {**hf_config, **given})
+    hint += missing
     build = functools.partial(source, **call_kwargs)
     with _argv(program):
         built = _build_with_fallbacks(build, program, hint, device)
@@ -226,6 +230,33 @@ def construct_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None
         raise UserInputError(f"{name}(...) returned a {type(built.module).__name__}, not an "
                              "nn.Module; point TARGET at a class or a factory of nn.Modules")
     return built
+
+
+def _missing_arguments(source: Callable[..., Any], given: Mapping[str, Any]) -> str:
+    """``; give the missing argument width with --kwargs '{"width": ...}'``: the constructor's
+    required arguments that ``given`` lacks, for the error its call raises; "" if none (or its
+    signature is unknown)."""
+    try:
+        parameters = inspect.signature(source).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to name
+        return ""
+    missing = [p.name for p in parameters if p.default is inspect.Parameter.empty and p.name not in given
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if not missing:
+        return ""
+    shown = {**{key: _short_json(value) for key, value in given.items()}, **dict.fromkeys(missing, "...")}
+    example = "{" + ", ".join(f"{json.dumps(key)}: {value}" for key, value in shown.items()) + "}"
+    what = "argument" if len(missing) == 1 else "arguments"
+    return f"; give the missing {what} {', '.join(missing)} with --kwargs '{example}'"
+
+
+def _short_json(value: Any) -> str:
+    """A given --kwargs value as the user wrote it, or ``...`` when long or not JSON."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return "..."
+    return text if len(text) <= 40 else "..."
 
 
 def _make_config(config_class: Any, values: Mapping[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -797,11 +798,19 @@ _DATA_ACCESS = (".numpy() is not supported", "Cannot access data pointer", "Cann
 
 
 def _failed(recorder: Recorder, model: nn.Module, exc: BaseException) -> GraphmemError:
-    """Any other failure: the user's inputs on the first forward, else graphmem's own limit."""
+    """Any other failure: the user's inputs on the first forward, else graphmem's own limit.
+
+    Float token ids into an embedding (``--input 8x256`` where ``8x256:int64`` was meant) get
+    the input written as it should be."""
     message = f"{_where(recorder, model)} failed: {type(exc).__name__}: {str(exc).rstrip('.')}"
-    if recorder.phase == Phase.FORWARD and recorder.iteration == 0:
-        return UserInputError(f"{message}; check that --input shapes and dtypes fit the model")
-    return TraceError(message)
+    if recorder.phase != Phase.FORWARD or recorder.iteration != 0:
+        return TraceError(message)
+    floats = [f"{'' if re.fullmatch(r'input_[0-9]+', s.label) else s.label + '='}"
+              f"{'x'.join(map(str, s.shape)) or 'scalar'}:int64"
+              for s in recorder.storages if Role.INPUT in s.roles and s.dtype.startswith(("float", "bfloat"))]
+    if "embedding" in recorder.pending[0] and "'indices'" in str(exc) and floats:
+        return UserInputError(f"{message}; token ids are integers: write the input as {' or '.join(floats)}")
+    return UserInputError(f"{message}; check that --input shapes and dtypes fit the model")
 
 
 def _where(recorder: Recorder, model: nn.Module) -> str:

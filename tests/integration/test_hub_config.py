@@ -41,7 +41,7 @@ def test_a_hub_id_reads_the_cached_config_and_names_the_class(tmp_path: Path) ->
                       "--mode", "inference", "--format", "json"], cache)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["target"] == "someorg/tiny-llama"
+    assert data["target"] == "LlamaForCausalLM (from someorg/tiny-llama)"
     import torch
     import transformers
 
