@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch._refs
-from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -165,6 +164,8 @@ def size_symbol(mode: FakeTensorMode, name: str, hint: int) -> torch.SymInt:
     PyTorch specialises sizes 0 and 1)."""
     env = mode.shape_env
     assert env is not None and hint >= 2, "size_symbol: a symbolic mode and a hint >= 2"
+    from torch._dynamo.source import ConstantSource  # here, not at import: torch._dynamo takes ~1 s to import
+
     source = ConstantSource(f"graphmem_{name}")
     expr = env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
     # a size fits an int64 index: an open slice ``x[:, 0:]`` (end = INT64_MAX, clamped to
