@@ -257,10 +257,11 @@ def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | s
 
 
 def _with_expandable_segments(ctx: PlanContext, rows: list[Analysed]) -> list[Analysed | str]:
-    """Each analysed row that does not fit only because of the allocator's cached segments (its
-    allocated peak with the CUDA context would), again with expandable segments: the chain of
-    combinations stops at the first that fits and would not try it on every row."""
-    near = [a for a in rows if a.prediction is not None and not a.row.fits and "alloc_conf" not in a.row.changes
+    """Each analysed row that saves memory but does not fit only because of the allocator's cached
+    segments (its allocated peak with the CUDA context would), again with expandable segments:
+    the chain of combinations stops at the first that fits and would not try it on every row."""
+    near = [a for a in rows if a.prediction is not None and not a.row.fits and a.row.saving_bytes > 0
+            and "alloc_conf" not in a.row.changes
             and ctx.budget.fits(footprint_of(a.prediction.report, ctx.job.mode).allocated_needed_bytes)]
     tried = {repr(sorted(a.row.changes.items())) for a in rows}
     requests = [r for a in near for r in allocator_rows(ctx, a) if isinstance(r, Request)]
