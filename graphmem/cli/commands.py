@@ -153,8 +153,9 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
                        options)
         return
     with _analysis(debug):
-        report = analyze(job_from(options))
-        text = RENDERERS[fmt](report, units, depth=depth, top=top)
+        job = job_from(options)
+        report = analyze(job)
+        text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup_of(job))
 
     def files(staged: StagedFiles) -> None:
         write_files(report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth,
@@ -185,7 +186,7 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
         gpu = get_gpu(options["gpu"]) if options["gpu"] else None
         result = sweep(job, values, resolve_budget(None, gpu) if gpu else None)
         context = Context(target=job.target_name, inputs=inputs, device=job.device,
-                          mode=job.mode, gpu=gpu.name if gpu else None)
+                          mode=job.mode, gpu=gpu.name if gpu else None, setup=setup_of(job))
         rendered = SWEEP_RENDERERS[fmt](result, context, units)
     _write(rendered, output, debug)
 

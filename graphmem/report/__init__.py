@@ -13,6 +13,7 @@ from typing import Protocol
 from graphmem.memory.results import MemoryReport
 from graphmem.report.dot import COLLAPSE_CHOICES, DOT_FORMATS, write_dot
 from graphmem.report.files import check_output_path, write_files
+from graphmem.report.header import Setup
 from graphmem.report.json import render_json, report_to_dict
 from graphmem.report.modules import ModuleRow, TopTensor, module_rows, top_tensors
 from graphmem.report.series import drawn_mode
@@ -47,10 +48,12 @@ __all__ = [
 
 
 class Renderer(Protocol):
-    """A ``--format`` renderer: the report, the units of sizes, the module-tree depth and
-    how many top tensors the "where the memory goes" sections show."""
+    """A ``--format`` renderer: the report, the units of sizes, the module-tree depth, how
+    many top tensors the "where the memory goes" sections show, and the job's settings that
+    change its numbers (shown in the header and the JSON; None: only what the report shows)."""
 
-    def __call__(self, report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10) -> str: ...
+    def __call__(self, report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
+                 setup: Setup | None = None) -> str: ...
 
 
 RENDERERS: dict[str, Renderer] = {

@@ -12,6 +12,7 @@ from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_json
 from graphmem.report.generate_section import generate_json
+from graphmem.report.header import Setup, setup_to_dict
 from graphmem.report.modules import module_rows, top_tensors
 from graphmem.report.parallel_section import parallel_json
 
@@ -45,9 +46,11 @@ def _mode_to_dict(m: ModeReport) -> dict[str, Any]:
     return data
 
 
-def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> dict[str, Any]:
+def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10,
+                   setup: Setup | None = None) -> dict[str, Any]:
     """The JSON document as Python data; modes not analysed are absent.  Each mode's
-    ``modules`` cut the module tree at ``depth``; ``top_tensors`` lists ``top`` storages."""
+    ``modules`` cut the module tree at ``depth``; ``top_tensors`` lists ``top`` storages;
+    ``setup`` (the job's settings that change its numbers) is the ``setup`` object."""
     from graphmem import __version__
 
     data: dict[str, Any] = {
@@ -59,6 +62,8 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> di
     }
     if report.parallel is not None:
         data["parallel"] = report.parallel
+    if setup is not None:
+        data["setup"] = setup_to_dict(setup, report)
     if report.inference is not None:
         data["inference"] = _mode_to_dict(report.inference)
     if report.train is not None:
@@ -83,9 +88,10 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10) -> di
     return data
 
 
-def render_json(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10) -> str:
+def render_json(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
+                setup: Setup | None = None) -> str:
     """Indented JSON; ``units`` is accepted for a uniform renderer signature and ignored."""
-    return json.dumps(report_to_dict(report, depth=depth, top=top), indent=2)
+    return json.dumps(report_to_dict(report, depth=depth, top=top, setup=setup), indent=2)
 
 
 def where_memory_goes(m: ModeReport, depth: int = 2, top: int = 10) -> dict[str, Any]:

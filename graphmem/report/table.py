@@ -10,7 +10,7 @@ from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_table
 from graphmem.report.generate_section import generate_table
-from graphmem.report.header import render_header
+from graphmem.report.header import Setup, render_header
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.parallel_section import parallel_table
 from graphmem.report.scratch_note import scratch_note
@@ -27,10 +27,12 @@ def module_label(module: str, phase: str, root: str) -> str:
     return "(loss)" if phase == Phase.LOSS else f"(root {root})"
 
 
-def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10) -> str:
+def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
+                 setup: Setup | None = None) -> str:
     """Summary, breakdown at each peak, per-phase peaks, where each peak happens, and where the
     memory goes: a sparkline, a per-module table ``depth`` levels deep, the ``top`` largest
-    storages at the peak (of the training mode when analysed, else inference)."""
+    storages at the peak (of the training mode when analysed, else inference).  ``setup``: the
+    job's settings, for the header."""
     fmt = lambda n: format_bytes(n, units)
     if report.generate is not None:
         return generate_table(report, report.generate, fmt)
@@ -39,7 +41,7 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     head = [""] + [_title(m) for m in modes]
     parts = [render_header("graphmem analyze", report.target, report.inputs, report.device,
                            gpu=report.gpu.name if report.gpu else None, report=report, parallel=report.parallel,
-                           fmt=fmt)]
+                           fmt=fmt, setup=setup)]
     summary = [["peak"] + [fmt(m.peak_bytes) for m in modes]]
     if report.ratio is not None:
         summary.append(["train / inference", "", f"{report.ratio:.2f}x"])

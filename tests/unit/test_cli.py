@@ -131,3 +131,20 @@ def test_value_dependent_sizes_give_an_upper_bound(make_module: Callable[[str], 
     half = run("analyze", f"{name}:Nonzero", "-i", "2x4", "--assume", "nonzero=0.5", "--format", "json")
     assert half.exit_code == 0, half.output
     assert any("--assume nonzero=0.5" in a for a in json.loads(half.stdout)["train"]["assumptions"])
+
+
+def test_analyze_shows_every_setting_that_changes_the_numbers() -> None:
+    """--amp, --checkpoint, --grad-accum and the optimizer appear in analyze's header and its JSON."""
+    gpt = str(ROOT / "examples" / "gpt.py") + ":GPT"
+    args = ["analyze", gpt, "--input", "2x64:int64", "--loss", "cross_entropy", "--mode", "train",
+            "--optimizer", "adamw", "--amp", "bf16", "--checkpoint", "Block", "--grad-accum", "2"]
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    header = text.output.split("\n\n")[0].splitlines()
+    for label, value in (("optimizer", "adamw"), ("autocast", "bf16"), ("checkpointing", "every Block"),
+                         ("accumulation", "2 micro-batches")):
+        assert any(line.startswith(label) and value in line for line in header), (label, header)
+    data = json.loads(CliRunner().invoke(main, [*args, "--format", "json"]).output)
+    setup = data["setup"]
+    assert setup["optimizer"] == "adamw" and setup["amp"] == "bf16" and setup["grad_accum"] == 2
+    assert setup["checkpoint"]["classes"] == ["Block"]
