@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -71,6 +71,20 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _reported(index: int, result: R, done: Callable[[int, R], None] | None) -> R:
+    if done is not None:
+        done(index, result)
+    return result
+
+
+def _report_ended(pending: Sequence[Future[R]], reported: set[int], done: Callable[[int, R], None]) -> None:
+    """``done`` for each call that ended since the last look (one that raised: raised later)."""
+    for index, future in enumerate(pending):
+        if index not in reported and future.done() and not future.cancelled() and future.exception() is None:
+            reported.add(index)
+            done(index, future.result())
+
+
 def _mark_worker(parent: int) -> None:
     global _IN_WORKER
     _IN_WORKER = True
@@ -83,13 +97,15 @@ def _call(index: int) -> Any:
     return function(items[index])
 
 
-def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str) -> list[R]:
+def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str,
+             done: Callable[[int, R], None] | None = None) -> list[R]:
     """``[function(item) for item in items]``, the calls in forked worker processes when more
     than one core is there (``what``: what a call does, for the message when a worker dies).
-    An exception a call raises is raised here."""
+    An exception a call raises is raised here.  ``done(index, result)``, when given, is called
+    here (in this process) as each call ends, in the order they end."""
     workers = min(processes(), len(items))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [function(item) for item in items]
+        return [_reported(n, function(item), done) for n, item in enumerate(items)]
     global _PENDING
     _PENDING = (function, items)
     others = set(multiprocessing.active_children())  # the caller's own child processes: left alone
@@ -97,7 +113,13 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str) -> li
                                initargs=(os.getpid(),))
     try:
         pending = [pool.submit(_call, n) for n in range(len(items))]
-        while wait(pending, timeout=0.05).not_done:
+        reported: set[int] = set()
+        while True:
+            waiting = wait(pending, timeout=0.05).not_done
+            if done is not None:
+                _report_ended(pending, reported, done)
+            if not waiting:
+                break
             interrupts.check()
         return [p.result() for p in pending]
     except BrokenProcessPool as exc:  # a worker died (killed for memory): say so, do not hang

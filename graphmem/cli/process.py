@@ -81,15 +81,27 @@ class _StderrProgress:
         terminal = _isatty(sys.stderr)
         if not (_Run.progress if _Run.progress is not None else terminal):
             return
-        if time.monotonic() - self.start < PROGRESS_AFTER_S:
+        elapsed = time.monotonic() - self.start
+        if elapsed < PROGRESS_AFTER_S:
             return
+        line = f"graphmem: [{self.elapsed_text(elapsed)}] {text}"
         with contextlib.suppress(OSError, ValueError):
             if terminal:
-                sys.stderr.write(f"\r\x1b[Kgraphmem: {text}")
+                sys.stderr.write(f"\r\x1b[K{line}")
                 self.in_place = True
             else:
-                sys.stderr.write(f"graphmem: {text}\n")
+                sys.stderr.write(f"{line}\n")
             sys.stderr.flush()
+
+    @staticmethod
+    def elapsed_text(seconds: float) -> str:
+        """The time since the command started: "7s", "1m12s", "2h05m"."""
+        whole = int(seconds)
+        if whole < 60:
+            return f"{whole}s"
+        if whole < 3600:
+            return f"{whole // 60}m{whole % 60:02d}s"
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
     def close(self) -> None:
         if self.in_place:

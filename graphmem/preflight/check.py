@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from graphmem import progress
 from graphmem.api import PeakCurve, analyze, analyze_curve
 from graphmem.errors import UserInputError
 from graphmem.job.job import Job
@@ -289,6 +290,10 @@ class _Curves:
         if value in self.recorded_reports:
             return self.recorded_reports[value]
         self.recorded.append(value)
+        with progress.labelled(f"analysis {len(self.recorded)}: {self.symbol}={value}"):
+            return self._record(value)
+
+    def _record(self, value: int) -> MemoryReport:
         if value < 2 or not self.formula:  # analyze, not predict: a sweep may ask for both modes
             job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
             self.recorded_reports[value] = analyze(job)

@@ -19,8 +19,11 @@ Ranking: graphmem/preflight/ranking.py, the one place the rule is written.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+from graphmem import progress
 from graphmem.api import analyze
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import GraphmemError, UserInputError
@@ -66,6 +69,7 @@ __all__ = ["RANKING_RULE", "Plan", "PlanRow", "make_plan", "rank_rows"]
 
 # kinds that need more hardware: a second chain of combinations leaves them out
 _MORE_HARDWARE = frozenset({"offload"})
+ALONE = "each change alone"  # the first round of rows, as progress names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,8 @@ def _context(job: Job, budget: Budget, world_size: int | None, prune_amount: flo
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     source = resolve_target(job.model) if isinstance(job.model, str) else job.model
     job = replace(job, model=source, name=job.target_name)
-    both = _analyze_both(job)
+    with progress.labelled("the job as given"):
+        both = _analyze_both(job)
     base = Prediction(peak_of(both, job.mode), both)
     if job.mode == "train":
         base = Prediction(base.peak_bytes, replace(both, inference=None))
@@ -193,7 +198,8 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
         found.append("smaller batch: the first input has no batch dimension")
         return None
     try:
-        search = search_largest(replace(ctx.job, inputs=ctx.templates), ctx.budget)
+        with progress.labelled("the largest batch that fits"):
+            search = search_largest(replace(ctx.job, inputs=ctx.templates), ctx.budget)
     except GraphmemError as exc:
         found.append(f"largest batch: not searched ({exc})")
         return None
@@ -216,14 +222,15 @@ def _alone_rows(ctx: PlanContext) -> list[Analysed | str]:
     """Each remedy alone; the independent analyses together (in parallel, rows.analysed_rows)."""
     if ctx.job.generate is not None:
         return analysed_rows(ctx, [*half_precision_rows(ctx), *kv_cache_rows(ctx), *quantization_rows(ctx),
-                                   *allocator_rows(ctx)])
+                                   *allocator_rows(ctx)], stage=ALONE)
     if ctx.mode == "train":
         return analysed_rows(ctx, [*implementation_rows(ctx), *checkpoint_rows(ctx), *amp_rows(ctx),
                                    *precision_rows(ctx), *optimizer_rows(ctx), *accumulation_rows(ctx),
                                    *qlora_rows(ctx), *prune_rows(ctx), *sharding_rows(ctx), *offload_rows(ctx),
-                                   *allocator_rows(ctx)])
+                                   *allocator_rows(ctx)], stage=ALONE)
     return analysed_rows(ctx, [*half_precision_rows(ctx), *amp_rows(ctx), *quantization_rows(ctx), *prune_rows(ctx),
-                               *([sparse_row(ctx)] if ctx.facts.prunable_weights else []), *allocator_rows(ctx)])
+                               *([sparse_row(ctx)] if ctx.facts.prunable_weights else []), *allocator_rows(ctx)],
+                         stage=ALONE)
 
 
 def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | str]:
@@ -253,7 +260,8 @@ def _combined_rows(ctx: PlanContext, alone: list[Analysed]) -> list[Analysed | s
     if best.row.fits:
         return out
     return out + analysed_rows(ctx, [*sharding_rows(ctx, best),
-                                     *(offload_rows(ctx, best) if "offload" not in best.row.changes else [])])
+                                     *(offload_rows(ctx, best) if "offload" not in best.row.changes else [])],
+                                stage="on top of the best combination")
 
 
 def _with_expandable_segments(ctx: PlanContext, rows: list[Analysed]) -> list[Analysed | str]:
@@ -265,7 +273,8 @@ def _with_expandable_segments(ctx: PlanContext, rows: list[Analysed]) -> list[An
             and ctx.budget.fits(footprint_of(a.prediction.report, ctx.job.mode).allocated_needed_bytes)]
     tried = {repr(sorted(a.row.changes.items())) for a in rows}
     requests = [r for a in near for r in allocator_rows(ctx, a) if isinstance(r, Request)]
-    return analysed_rows(ctx, [r for r in requests if repr(sorted(r.changes.items())) not in tried])
+    return analysed_rows(ctx, [r for r in requests if repr(sorted(r.changes.items())) not in tried],
+                         stage="with expandable segments")
 
 
 def _chain(ctx: PlanContext, picks: list[Analysed], seen: dict[str, Analysed | str]
@@ -283,7 +292,7 @@ def _chain(ctx: PlanContext, picks: list[Analysed], seen: dict[str, Analysed | s
         if changes == pick.row.changes:
             made: Analysed | str = pick
         else:
-            made = seen[key] if key in seen else seen.setdefault(key, analysed_row(ctx, changes))
+            made = seen[key] if key in seen else seen.setdefault(key, _combination(ctx, changes))
         if isinstance(made, str):
             out.append(made)
         elif made.row.peak_bytes < best.row.peak_bytes:
@@ -292,6 +301,11 @@ def _chain(ctx: PlanContext, picks: list[Analysed], seen: dict[str, Analysed | s
             if best.row.fits:
                 break
     return out, best
+
+
+def _combination(ctx: PlanContext, changes: Mapping[str, Any]) -> Analysed | str:
+    with progress.labelled(f"combination: {ctx.name(changes)}"):
+        return analysed_row(ctx, changes)
 
 
 def _best_of_each_kind(alone: list[Analysed]) -> list[Analysed]:

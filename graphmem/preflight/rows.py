@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from graphmem import progress
 from graphmem.errors import GraphmemError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource
@@ -238,28 +239,43 @@ class Request:
     until_fit: str = ""
 
 
-def _analyse(item: tuple[PlanContext, Request]) -> Analysed | str:
-    ctx, request = item
-    return analysed_row(ctx, request.changes, name=request.name, note=request.note)
+def _analyse(item: tuple[PlanContext, Request, str]) -> Analysed | str:
+    ctx, request, label = item
+    with progress.labelled(label):
+        return analysed_row(ctx, request.changes, name=request.name, note=request.note)
 
 
-def _analyse_in_worker(item: tuple[PlanContext, Request]) -> Analysed | str:
-    """One request, in a worker process: its report travels back without its fx graphs."""
+def _analyse_in_worker(item: tuple[PlanContext, Request, str]) -> Analysed | str:
+    """One request, in a worker process: its report travels back without its fx graphs.  The
+    worker shows no progress of its own (the parent names each row as it comes back)."""
+    progress.mute()
     made = _analyse(item)
     if isinstance(made, str) or made.prediction is None:
         return made
     return Analysed(made.row, Prediction(made.prediction.peak_bytes, without_graphs(made.prediction.report)))
 
 
-def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -> list[Analysed | str]:
+def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str], *, stage: str = ""
+                  ) -> list[Analysed | str]:
     """``items`` with each Request analysed (analysed_row), in order (see Request).  With more
     than one core the analyses run in forked worker processes (graphmem.workers): each is a
-    recording of its own, independent of the others."""
+    recording of its own, independent of the others.  Progress names each row "row k/N"
+    (``stage``: which of plan's rounds of rows, in words)."""
     asked = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
     requests = sorted(asked, key=lambda i: not asked[i].first)
-    work = [(ctx, asked[i]) for i in requests]
+    work = [(ctx, asked[i], _row_label(ctx, asked[i], k, len(requests), stage)) for k, i in enumerate(requests, 1)]
     alone = processes() <= 1 or len(work) <= 1  # here, with the graphs: no worker, nothing to pickle
-    made = fork_map(_analyse if alone else _analyse_in_worker, work, what="analysing a plan row")
+    if not alone and work and progress.active():
+        progress.show(f"{stage or 'rows'}: analysing {len(work)} rows in {min(processes(), len(work))} "
+                      "worker processes")
+    ended: list[int] = []
+
+    def ended_one(index: int, row: Analysed | str) -> None:
+        ended.append(index)
+        if progress.active():
+            progress.show(f"{work[index][2]} — done ({len(ended)} of {len(work)} done)")
+
+    made = fork_map(_analyse if alone else _analyse_in_worker, work, what="analysing a plan row", done=ended_one)
     done = dict(zip(requests, made, strict=True))
     out: list[Analysed | str] = []
     fitted: set[str] = set()
@@ -276,6 +292,11 @@ def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str]) -
             fitted.add(item.until_fit)
         out.append(row)
     return out
+
+
+def _row_label(ctx: PlanContext, request: Request, k: int, n: int, stage: str) -> str:
+    """``row 3/12 (each change alone): checkpoint every Block``: which row progress lines are about."""
+    return f"row {k}/{n}{f' ({stage})' if stage else ''}: {request.name or ctx.name(request.changes)}"
 
 
 def formula_row(ctx: PlanContext, changes: Mapping[str, Any], peak: int, *, note: str,
