@@ -45,7 +45,9 @@ from graphmem.workers import die_with_parent
 __all__ = ["main"]
 
 FAILED, INTERRUPTED_BASE = 3, 128  # graphmem.cli.exit_codes' FAILED; 128 + signal, as shells report it
-_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _option(argv: Sequence[str], name: str) -> str | None:
     """The value of ``--name V`` / ``--name=V`` in argv (the last wins, as click's does)."""
     value = None
@@ -61,7 +63,6 @@ class _Supervisor:
     """The one command this process runs: its child, its folder, what the child said."""
 
     def __init__(self, argv: Sequence[str]) -> None:
-        self.argv = list(argv)
         self.as_json = _option(argv, "--format") == "json"
         timeout = _option(argv, "--timeout")
         try:
@@ -105,8 +106,7 @@ class _Supervisor:
             self.cleanup()
             os._exit(INTERRUPTED_BASE + signum)
         self.signalled = signum
-        name = _SIGNALS.get(signal.Signals(signum), str(signum))
-        self.fail("interrupted", f"interrupted ({name}): stopped before the result was written",
+        self.fail("interrupted", f"interrupted ({_signal_name(signum)}): stopped before the result was written",
                   INTERRUPTED_BASE + signum)
 
     # -- the child's messages -------------------------------------------------------------------
@@ -176,12 +176,18 @@ class _Supervisor:
         os._exit(int(result["exit"]))
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _how_it_ended(status: int) -> str:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
         why = " (out of memory?)" if number == signal.SIGKILL else ""
-        return f"its process was killed by {name}{why}"
+        return f"its process was killed by {_signal_name(number)}{why}"
     code = os.WEXITSTATUS(status)
     return f"its process exited with status {code} before writing one (the model's code called os._exit?)"
 
