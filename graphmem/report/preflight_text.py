@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.report.header import Setup, render_header, setup_to_dict
-from graphmem.units import format_bytes
+from graphmem.units import UNITS, format_bytes
 
 if TYPE_CHECKING:
     from graphmem.memory.results import MemoryReport
@@ -36,6 +36,7 @@ __all__ = [
     "render_search_table",
     "search_to_dict",
     "sweep_to_dict",
+    "told_apart",
 ]
 
 @dataclass(frozen=True, slots=True)
@@ -202,19 +203,38 @@ COMPARED_NOTE = ("peaks on a GPU: the caching allocator's reserved peak (torch.c
                  "CUDA context (+ NCCL buffers), what the GPU must hold")
 
 
+def told_apart(sizes: list[int], fmt: Callable[[int], str]) -> dict[int, str]:
+    """Each of ``sizes`` as text; those that would read the same as a different one ("22.06
+    GiB" twice: the answer and one past it) with more digits, at last in bytes."""
+    texts = {n: fmt(n) for n in sizes}
+    alike = sorted({n for n in texts if any(m != n and texts[m] == texts[n] for m in texts)})
+    if not alike:
+        return texts
+    unit = texts[alike[0]].rsplit(" ", 1)[-1]
+    same_unit = all(texts[n].rsplit(" ", 1)[-1] == unit for n in alike) and unit in UNITS and unit != "B"
+    for digits in range(3, 7) if same_unit else ():
+        more = {n: f"{n / UNITS[unit]:,.{digits}f} {unit}" for n in alike}
+        if len(set(more.values())) == len(alike):
+            return {**texts, **more}
+    return {**texts, **{n: f"{n:,} B" for n in alike}}
+
+
 def render_search_table(result: SearchResult, context: Context, units: str = "auto",
                         key: str = "max_batch") -> str:
     """The answer, the peaks at it and one past it, the fitted line and every analysis."""
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
     s, n = result.symbol, result.max_value
-    at_max = fmt(result.peak_bytes_at_max) if result.peak_bytes_at_max is not None else "-"
-    beyond = (["does not fit", fmt(result.peak_bytes_at_next)] if result.peak_bytes_at_next is not None
+    # the answer, one past it and the cap between them: never two of them written alike
+    near = told_apart([v for v in (result.peak_bytes_at_max, result.peak_bytes_at_next, result.budget.cap_bytes)
+                       if v is not None], fmt)
+    at_max = near[result.peak_bytes_at_max] if result.peak_bytes_at_max is not None else "-"
+    beyond = (["does not fit", near[result.peak_bytes_at_next]] if result.peak_bytes_at_next is not None
               else ["the model refuses it", result.limited_by or ""])
     rows = [[f"{s} = {n}", at_max, "fits" if n else "(nothing fits)"],
             [f"{s} = {n + 1}", beyond[1], beyond[0]],
             ["budget", fmt(result.budget.total_bytes),
              (f"{result.budget.source}; margin {float(result.budget.margin):.0%}, so peaks up to "
-              f"{fmt(result.budget.cap_bytes)} fit")]]
+              f"{near[result.budget.cap_bytes]} fit")]]
     if result.bytes_per_unit is not None and result.fixed_bytes is not None:
         shape = "affine" if result.affine else "not affine: the search bracketed it"
         rows.append([f"bytes per {_unit_word(key)}", fmt(result.bytes_per_unit),
