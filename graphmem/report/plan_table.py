@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +28,24 @@ def _extra(row: PlanRow) -> str:
     return "0" if abs(row.extra_compute) < 5e-4 else f"{row.extra_compute:+.1%}"
 
 
+def _changes_as_options(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's changes as the options write them: ``parallel`` as ``--parallel`` takes it
+    ("fsdp=8"), FSDP2 kept unsharded after forward as ``reshard_after_forward: false``
+    (``--reshard-after-forward false``)."""
+    out = dict(changes)
+    if "parallel" in out:
+        text, _, keep = str(out["parallel"]).partition(":")
+        out["parallel"] = text
+        if keep:
+            out["reshard_after_forward"] = False
+    return out
+
+
 def _row_to_dict(row: PlanRow) -> dict[str, Any]:
-    return {"name": row.name, "changes": dict(row.changes), "peak_bytes": row.peak_bytes,
+    # the two ranks are the ranking's keys (graphmem/preflight/ranking.py; docs/json-schema.md, "plan")
+    return {"name": row.name, "changes": _changes_as_options(row.changes), "peak_bytes": row.peak_bytes,
             "saving_bytes": row.saving_bytes, "extra_compute": row.extra_compute, "fits": row.fits,
-            "source": row.source, "effort": row.effort, "departure": row.departure, "note": row.note}
+            "source": row.source, "effort_rank": row.effort, "departure_rank": row.departure, "note": row.note}
 
 
 def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
