@@ -9,6 +9,7 @@ The remedies themselves are listed in remedies.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -239,16 +240,18 @@ class Request:
     until_fit: str = ""
 
 
-def _analyse(item: tuple[PlanContext, Request, str]) -> Analysed | str:
-    ctx, request, label = item
+def _analyse(item: tuple[PlanContext, Request, str, int]) -> Analysed | str:
+    ctx, request, label, _ = item
     with progress.labelled(label):
         return analysed_row(ctx, request.changes, name=request.name, note=request.note)
 
 
-def _analyse_in_worker(item: tuple[PlanContext, Request, str]) -> Analysed | str:
+def _analyse_in_worker(item: tuple[PlanContext, Request, str, int]) -> Analysed | str:
     """One request, in a worker process: its report travels back without its fx graphs.  The
-    worker shows no progress of its own (the parent names each row as it comes back)."""
-    progress.mute()
+    worker shows no progress of its own (the parent, pid ``item[3]``, names each row as it
+    comes back)."""
+    if os.getpid() != item[3]:
+        progress.mute()
     made = _analyse(item)
     if isinstance(made, str) or made.prediction is None:
         return made
@@ -263,7 +266,8 @@ def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str], *
     (``stage``: which of plan's rounds of rows, in words)."""
     asked = {i: item for i, item in enumerate(items) if isinstance(item, Request)}
     requests = sorted(asked, key=lambda i: not asked[i].first)
-    work = [(ctx, asked[i], _row_label(ctx, asked[i], k, len(requests), stage)) for k, i in enumerate(requests, 1)]
+    work = [(ctx, asked[i], _row_label(ctx, asked[i], k, len(requests), stage), os.getpid())
+            for k, i in enumerate(requests, 1)]
     alone = processes() <= 1 or len(work) <= 1  # here, with the graphs: no worker, nothing to pickle
     if not alone and work and progress.active():
         progress.show(f"{stage or 'rows'}: analysing {len(work)} rows in {min(processes(), len(work))} "
