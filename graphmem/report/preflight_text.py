@@ -224,17 +224,17 @@ def render_search_table(result: SearchResult, context: Context, units: str = "au
     """The answer, the peaks at it and one past it, the fitted line and every analysis."""
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
     s, n = result.symbol, result.max_value
-    # the answer, one past it and the cap between them: never two of them written alike
-    near = told_apart([v for v in (result.peak_bytes_at_max, result.peak_bytes_at_next, result.budget.cap_bytes)
-                       if v is not None], fmt)
+    # the answer, one past it and the budget between them: never two of them written alike
+    budget = result.budget
+    near = told_apart([v for v in (result.peak_bytes_at_max, result.peak_bytes_at_next, budget.cap_bytes,
+                                   budget.total_bytes) if v is not None], fmt)
     at_max = near[result.peak_bytes_at_max] if result.peak_bytes_at_max is not None else "-"
     beyond = (["does not fit", near[result.peak_bytes_at_next]] if result.peak_bytes_at_next is not None
               else ["the model refuses it", result.limited_by or ""])
     rows = [[f"{s} = {n}", at_max, "fits" if n else "(nothing fits)"],
             [f"{s} = {n + 1}", beyond[1], beyond[0]],
-            ["budget", fmt(result.budget.total_bytes),
-             (f"{result.budget.source}; margin {float(result.budget.margin):.0%}, so peaks up to "
-              f"{near[result.budget.cap_bytes]} fit")]]
+            ["budget", near[budget.total_bytes],
+             (f"{budget.source}; margin {float(budget.margin):.0%}, so peaks up to {near[budget.cap_bytes]} fit")]]
     if result.bytes_per_unit is not None and result.fixed_bytes is not None:
         shape = "affine" if result.affine else "not affine: the search bracketed it"
         rows.append([f"bytes per {_unit_word(key)}", fmt(result.bytes_per_unit),
