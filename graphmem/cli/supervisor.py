@@ -163,6 +163,7 @@ class _Supervisor:
         if result is None or not isinstance(result.get("stdout"), str) or not isinstance(result.get("exit"), int):
             self.fail("analysis", f"the analysis ended without a result: {_how_it_ended(status)}; "
                       "rerun with --debug to see its traceback, or with --timeout if it hangs", FAILED)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # the result is written: a signal now changes nothing
         self.cleanup()
         try:
             sys.stdout.write(result["stdout"])

@@ -11,6 +11,7 @@ put lines on stdout, or outlive a signal, a timeout or the command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -258,10 +259,18 @@ def _signalled(command: str, delay: float, signum: int) -> tuple[str, float, int
     started = time.monotonic()
     process, marker, temp = _start(COMMANDS[command], ROOT)
     time.sleep(delay)
-    os.killpg(process.pid, signum)
+    with contextlib.suppress(ProcessLookupError):  # it may have ended already
+        os.killpg(process.pid, signum)
     sent = time.monotonic()
     run = _finish(process, marker, temp, started, timeout=60)
     return command, delay, signum, run._replace(seconds=time.monotonic() - sent)
+
+
+def _finished_first(run: Run) -> bool:
+    """The command had written its result when the signal came: it stands (the supervisor
+    blocks signals once it writes the result), and nothing is left behind."""
+    return run.code in (0, 1) and "interrupted" not in run.err and not run.left and not run.temp and (
+        "FITS" in run.out or "graphmem plan" in run.out)
 
 
 def _ended_as_item_3_says(delay: float, signum: int, run: Run) -> bool:
@@ -279,18 +288,23 @@ def _ended_as_item_3_says(delay: float, signum: int, run: Run) -> bool:
 
 
 def test_signals_at_random_moments_end_every_command_cleanly() -> None:
+    """20 trials per command, 5 of them in the first second, the rest within the first 4 s
+    (start-up takes about 3, the commands a few more): most land in the recording."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
-    trials = [(command, round(rng.uniform(0.0, 1.0) if i < 5 else rng.uniform(0.0, 8.0), 3),
+    trials = [(command, round(rng.uniform(0.0, 1.0) if i < 5 else rng.uniform(0.0, 4.0), 3),
                (signal.SIGINT, signal.SIGTERM)[i % 2])
               for command in COMMANDS for i in range(20)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         outcomes = list(pool.map(lambda t: _signalled(*t), trials))
-    bad = [o for o in outcomes if not _ended_as_item_3_says(o[1], o[2], o[3])]
+    interrupted = [o for o in outcomes if not _finished_first(o[3])]
+    bad = [o for o in interrupted if not _ended_as_item_3_says(o[1], o[2], o[3])]
     note = f"seed {seed}: " + "\n".join(f"{c} {d}s {signal.Signals(s).name}: exit {r.code}, {r.seconds:.2f}s after, "
                                         f"left {r.left}, temp {r.temp}, stderr {r.err[-300:]!r}"
                                         for c, d, s, r in bad)
     assert not bad, note
+    for command in COMMANDS:  # the trials did interrupt: not all came after the result
+        assert sum(o[0] == command for o in interrupted) >= 8, (command, seed)
 
 
 # --- no surprise imports, no files left ------------------------------------------------------
