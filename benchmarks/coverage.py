@@ -585,7 +585,7 @@ def _detection(model: Any) -> bool:
 
 def _targets_for(model: Any, images: Any) -> Any:
     """tests/oracles.py's detection targets, with masks and keypoints where the model predicts them."""
-    from graphmem.trace.targets import target_kinds
+    from graphmem.trace.values.targets import target_kinds
     from tests.oracles import detection_targets
 
     masks, keypoints = target_kinds(model)

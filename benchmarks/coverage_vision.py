@@ -5,7 +5,7 @@ video, optical flow; the quantized ones need a quantized backend and are left ou
 model of each of a set of timm families, built with random weights and 10 classes, with
 inputs of the kind the model takes: images 2x3x64x64 (then 2x3x224x224 where a model
 needs its training size), clips 2x3x8x64x64, image pairs for optical flow.  Detection models
-take a batch of images; in training graphmem makes their targets (graphmem.trace.targets) and
+take a batch of images; in training graphmem makes their targets (graphmem.trace.values.targets) and
 the real run gets the same ones (tests/oracles.py, ``detection_targets``).
 
     python benchmarks/coverage.py --library torchvision --write docs/coverage-vision.md

@@ -53,7 +53,7 @@ def _same(a: Any, b: Any) -> str:
     """"" when two ModeReports are the same in every respect, else what differs."""
     import torch
 
-    from graphmem.trace.repeat import same_trace
+    from graphmem.trace.repeat.place import same_trace
 
     def graph(trace: Any) -> list[tuple[str, ...]]:
         return [(n.name, n.op, str(n.target), str(torch.fx.node.map_arg((n.args, n.kwargs), lambda x: x.name)))
@@ -85,7 +85,7 @@ def worker(model_type: str) -> None:
 
     from coverage import candidate_classes, first_buildable, input_variants
 
-    import graphmem.trace.record as record
+    import graphmem.trace.repeat as record
 
     why: list[str] = []
     placed: list[int] = []

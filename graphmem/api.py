@@ -33,12 +33,9 @@ from graphmem.memory.cuda_replay import model_cuda_allocator
 from graphmem.memory.liveness import POLICIES, compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
-from graphmem.trace.cuda_kernels import CudaKernels
-from graphmem.trace.parallel import distinct_ranks
-from graphmem.trace.record import forks_ranks, record_ranks, record_step
-from graphmem.trace.records import Phase, Trace
+from graphmem.records import Phase, Trace
+from graphmem.trace import CudaKernels, distinct_ranks, forks_ranks, record_ranks, record_step, trace_at
 from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.trace.symbolic import trace_at
 from graphmem.workers import fork_map, processes
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve"]
@@ -225,10 +222,10 @@ def _build(job: Job, rules: Mapping[torch._ops.OpOverload, Rule] | None) -> _Bui
 
 def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace],
             specs: list[InputSpec], *, fork_ranks: bool = False, checkpoint_comparison: bool = True) -> MemoryReport:
-    """Record (``trace_of``, with graphmem.trace.tracer.trace_step's arguments) each mode the job asks for, then the
+    """Record (``trace_of``, with graphmem.trace.recording.trace_step's arguments) each mode the job asks for, then the
     liveness pass and the memory model on each trace.  ``fork_ranks``: the distinct ranks of a
     parallel job are recorded side by side: ZeRO-1's from one shared beginning
-    (graphmem.trace.record.record_ranks), others in worker processes (graphmem.workers) when
+    (graphmem.trace.ranks.record_ranks), others in worker processes (graphmem.workers) when
     there are cores for them;
     ``checkpoint_comparison``: a checkpointed step is also analysed without checkpointing."""
     module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype

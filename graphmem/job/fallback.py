@@ -27,7 +27,7 @@ def on_meta(build: Callable[[], Any], device: str) -> Any:
 
 
 def on_fake(build: Callable[[], Any], device: str) -> Any:
-    # torch private API outside graphmem/trace/_torch_api.py: stage 1 sits below stage 2 and
+    # torch private API outside graphmem/_torch_api.py: stage 1 sits below stage 2 and
     # cannot import it.  Real tensors (a module's constants) may take part: they are read only.
     from torch._subclasses.fake_tensor import FakeTensorMode
 

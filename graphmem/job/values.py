@@ -31,7 +31,7 @@ _BUDGET = 64 << 20  # bytes kept in all, for one build
 _VALUES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # meta tensor -> its real value (CPU)
 # factories that copy Python data; they make a meta tensor without any op the dispatcher sees
 _FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
-# factories of uninitialised memory: no value, here or in a real run (graphmem.trace.values too)
+# factories of uninitialised memory: no value, here or in a real run (graphmem.trace.values.shadows too)
 UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
                            torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided})
 # random draws (weight initialisation, dropout): a real build draws other values

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from graphmem.cuda.allocator import MemoryEvent
-from graphmem.trace.records import OpRecord
+from graphmem.records import OpRecord
 
 __all__ = ["ExtraAllocation", "per_step_peaks", "scratch_allocations", "with_extra_allocations"]
 

@@ -19,7 +19,7 @@ passes one parameter list), so the optimizer step is one row.
 from __future__ import annotations
 
 from graphmem.memory.results import Category
-from graphmem.trace.records import OpRecord, Phase, StorageRecord, Trace
+from graphmem.records import OpRecord, Phase, StorageRecord, Trace
 
 __all__ = ["INPUTS", "LOSS", "OPTIMIZER_STEP", "ROOT", "charged_module", "op_module", "storage_module"]
 

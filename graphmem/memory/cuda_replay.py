@@ -52,7 +52,7 @@ from graphmem.job.parallel import ParallelSpec
 from graphmem.memory.alloc_events import ExtraAllocation, scratch_allocations, with_extra_allocations
 from graphmem.memory.mode_report import memory_events
 from graphmem.memory.results import Lifetime, ModeReport
-from graphmem.trace.records import OpRecord, Phase
+from graphmem.records import OpRecord, Phase
 
 __all__ = ["CUBLAS_OPS", "Stream", "allocation_streams", "model_cuda_allocator", "op_streams"]
 

@@ -16,7 +16,7 @@ Release policies:
 from __future__ import annotations
 
 from graphmem.memory.results import Category, Lifetime
-from graphmem.trace.records import Role, StorageRecord, Trace
+from graphmem.records import Role, StorageRecord, Trace
 
 __all__ = ["compute_lifetimes", "categorize", "POLICIES"]
 

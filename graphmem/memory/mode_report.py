@@ -15,7 +15,7 @@ from itertools import accumulate
 from graphmem.cuda.allocator import MemoryEvent
 from graphmem.memory.attribution import charged_module
 from graphmem.memory.results import Category, Lifetime, ModeReport, PeakInfo, PhasePeak
-from graphmem.trace.records import Phase, Trace
+from graphmem.records import Phase, Trace
 
 __all__ = ["build_mode_report", "compute_timeline", "coverage", "live_by_category", "memory_events",
            "reference_steps", "ReferenceSteps"]

@@ -15,7 +15,7 @@ import torch
 from graphmem.cuda.allocator import AllocatorStats
 from graphmem.cuda.gpus import GPU
 from graphmem.job.finetune import TrainedParameters
-from graphmem.trace.records import Trace
+from graphmem.records import Trace
 
 __all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "RankReport", "GenerateReport",
            "MemoryReport", "with_graph", "without_graphs"]

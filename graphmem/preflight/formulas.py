@@ -34,7 +34,7 @@ from fractions import Fraction
 from itertools import accumulate
 
 from graphmem.memory.results import Category, Lifetime
-from graphmem.trace.records import Phase
+from graphmem.records import Phase
 
 __all__ = [
     "Scaling",

@@ -123,7 +123,7 @@ class Analysed:
 
 def recorded_samples(mode: str, batch: int, grad_accum: int) -> int:
     """Samples per recorded iteration: the trace records min(grad_accum, 2) micro-steps per
-    optimizer step (the later ones repeat the second exactly; graphmem/trace/tracer.py)."""
+    optimizer step (the later ones repeat the second exactly; graphmem/trace/recording.py)."""
     return batch * (min(grad_accum, 2) if mode == "train" else 1)
 
 

@@ -29,9 +29,9 @@ import torch
 
 from graphmem.errors import UserInputError
 from graphmem.memory.results import ModeReport
+from graphmem.records import Phase, Role, StorageRecord, Trace
 from graphmem.report.modules import cut_module, module_rows, op_module, storage_module
 from graphmem.report.series import live_at
-from graphmem.trace.records import Phase, Role, StorageRecord, Trace
 from graphmem.units import format_bytes
 
 __all__ = [

@@ -25,7 +25,7 @@ from tabulate import tabulate
 from graphmem.job.job import Job
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import MemoryReport, ModeReport
-from graphmem.trace.records import Phase, Role
+from graphmem.records import Phase, Role
 
 __all__ = ["Setup", "optimizer_implementation", "parameter_count", "render_header", "setup_of", "setup_to_dict"]
 

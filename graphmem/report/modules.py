@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from graphmem.memory.attribution import INPUTS, LOSS, OPTIMIZER_STEP, ROOT, op_module, storage_module
 from graphmem.memory.mode_report import reference_steps
 from graphmem.memory.results import Category, ModeReport
+from graphmem.records import Trace
 from graphmem.report.series import live_at
-from graphmem.trace.records import Trace
 
 __all__ = [
     "INPUTS",

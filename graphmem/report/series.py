@@ -16,7 +16,7 @@ from itertools import pairwise
 
 from graphmem.memory.mode_report import coverage
 from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport
-from graphmem.trace.records import OpRecord
+from graphmem.records import OpRecord
 
 __all__ = ["Column", "PhaseSpan", "bucket_peaks", "category_timelines", "column_peaks", "drawn_mode", "live_at",
            "phase_spans"]

@@ -33,8 +33,8 @@ from graphmem.memory.alloc_events import scratch_allocations, with_extra_allocat
 from graphmem.memory.attribution import OPTIMIZER_STEP
 from graphmem.memory.mode_report import memory_events
 from graphmem.memory.results import Category, ModeReport
+from graphmem.records import StorageRecord
 from graphmem.report.modules import INPUTS, LOSS, ROOT, op_module, storage_module
-from graphmem.trace.records import StorageRecord
 
 __all__ = ["ALIGNMENT", "BASE_ADDRESS", "build_snapshot", "storage_frames", "write_snapshot"]
 

@@ -8,13 +8,13 @@ from tabulate import tabulate
 
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import Category, MemoryReport, ModeReport
+from graphmem.records import Phase
 from graphmem.report.cuda_section import cuda_table
 from graphmem.report.generate_section import generate_table
 from graphmem.report.header import Setup, render_header
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.parallel_section import parallel_table
 from graphmem.report.scratch_note import scratch_note
-from graphmem.trace.records import Phase
 from graphmem.units import format_bytes
 
 __all__ = ["render_table", "module_label"]

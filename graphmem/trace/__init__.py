@@ -1,19 +1,34 @@
 """Stage 2, trace: the real step recorded on fake tensors.
 
 Input: a model on the meta device and a ``Job``'s inputs and step configuration.  Output: a
-frozen ``Trace``: the torch.fx graph of aten ops (forward, the autograd engine's backward,
-the optimizer step), each op's record and every storage's size, creator and release.
-Holds the fake tensors (``fakes``), the recorder (``recorder``), the target's kernel choices
-(``cuda_kernels``, ``cuda_autocast``), value assumptions (``values``), generation with a KV
-cache (``generation``), the per-op scratch rules (``rules``), and repeated blocks recorded
-once (``record``: ``blocks`` finds the stack, ``repeat`` places it).  Knows nothing of
-categories, peaks, allocators, reports or the command line.
+frozen ``Trace`` (graphmem.records): the torch.fx graph of aten ops (forward, the autograd
+engine's backward, the optimizer step), each op's record and every storage's size, creator
+and release.  Knows nothing of categories, peaks, allocators, reports or the command line.
+
+The rooms, each importing only the ones below it (checked by import-linter):
+
+- ``repeat`` (a stack of alike blocks recorded once) and ``ranks`` (ZeRO-1 ranks forked from
+  one recording): the entry points, above the recording;
+- ``recording``: ``trace_step``, what one recording is;
+- ``step``: the step drivers, run under the recorder as a trainer runs them;
+- ``distributed`` (PyTorch's engines under a fake process group), ``cuda_target`` (CUDA's
+  kernel and autocast choices on fake CPU tensors), ``values`` (answers to reads of values
+  fake tensors do not hold);
+- ``core``: the dispatch mode and its books (storages, modules, the fx graph);
+- ``rules``: the per-op registry.
+
+``symbolic`` (a trace at another size of its size symbol) is a pure pass over a ``Trace``.
 """
 
 from __future__ import annotations
 
-from graphmem.trace.record import record_step
-from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
-from graphmem.trace.tracer import trace_step
+from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
+from graphmem.trace.cuda_target.kernels import CudaKernels
+from graphmem.trace.distributed.parallel import distinct_ranks
+from graphmem.trace.ranks import forks_ranks, record_ranks
+from graphmem.trace.recording import trace_step
+from graphmem.trace.repeat import record_step
+from graphmem.trace.symbolic import trace_at
 
-__all__ = ["OpRecord", "Phase", "Role", "StorageRecord", "Trace", "record_step", "trace_step"]
+__all__ = ["CudaKernels", "OpRecord", "Phase", "Role", "StorageRecord", "Trace", "distinct_ranks", "forks_ranks",
+           "record_ranks", "record_step", "trace_at", "trace_step"]

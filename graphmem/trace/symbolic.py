@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from graphmem.trace.records import OpRecord, StorageRecord, SymbolicSizes, Trace
+from graphmem.records import OpRecord, StorageRecord, SymbolicSizes, Trace
 
 __all__ = ["SymbolicSizes", "trace_at"]  # SymbolicSizes lives with the other records
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import graphmem
-from graphmem.trace.targets import target_kinds
+from graphmem.trace.values.targets import target_kinds
 from tests.oracles import OPTIMIZERS, detection_targets, measure_inference, measure_training
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")

@@ -11,8 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from graphmem.trace._torch_api import DATA_DEPENDENT_ERRORS, recording_fake_mode
-from graphmem.trace.recorder import fixed_outputs
+from graphmem._torch_api import DATA_DEPENDENT_ERRORS
+from graphmem.trace.core.fake_mode import recording_fake_mode
+from graphmem.trace.core.recorder import fixed_outputs
 from graphmem.trace.rules import rules_for
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, measure_training, real_inputs

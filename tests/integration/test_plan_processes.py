@@ -21,8 +21,8 @@ from graphmem.job.job import make_job
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.plan import make_plan
 from graphmem.report.json import report_to_dict
-from graphmem.trace.rank_fork import RankFork
-from graphmem.trace.repeat import same_trace
+from graphmem.trace.distributed.rank_fork import RankFork
+from graphmem.trace.repeat.place import same_trace
 from tests.conftest import ROOT
 from tests.models import ZOO
 
@@ -67,7 +67,7 @@ ZERO_CASES = [dict(optimizer="adamw"), dict(optimizer="adam", optimizer_impl="fo
 def test_zero_ranks_from_one_beginning_are_each_ranks_own_recording(monkeypatch: pytest.MonkeyPatch,
                                                                     keywords: dict[str, object],
                                                                     processes: str) -> None:
-    """ZeRO-1's ranks forked at the first optimizer step (graphmem.trace.rank_fork) record what
+    """ZeRO-1's ranks forked at the first optimizer step (graphmem.trace.distributed.rank_fork) record what
     each rank recorded from the start records: op for op, storage for storage, node for node;
     side by side, or (GRAPHMEM_PROCESSES=1) each child alone."""
     monkeypatch.setenv("GRAPHMEM_PROCESSES", processes)

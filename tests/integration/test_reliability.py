@@ -368,7 +368,7 @@ def _tracer_wraps_the_step() -> bool:
 
 
 @pytest.mark.xfail(not _tracer_wraps_the_step(), strict=True,
-                   reason="issue 13 part 5, trace side: graphmem/trace/tracer.py must run the step under "
+                   reason="issue 13 part 5, trace side: graphmem/trace/recording.py must run the step under "
                           "graphmem.job.devices.cuda_calls_on_cpu")
 def test_cuda_calls_in_forward(runs: dict[str, Run]) -> None:
     run = runs["cuda_in_forward_cuda"]

@@ -1,4 +1,4 @@
-"""Repeated blocks recorded once (graphmem.trace.repeat) give the recording of the whole
+"""Repeated blocks recorded once (graphmem.trace.repeat.place) give the recording of the whole
 model, op for op, storage for storage, node for node, and the same report to the byte; models
 whose blocks do not repeat fall back to the whole recording."""
 
@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import graphmem
-import graphmem.trace.record as record
-from graphmem.trace.blocks import find_stack
-from graphmem.trace.repeat import KEEP, same_trace
+import graphmem.trace.repeat as record
+from graphmem.trace.repeat.blocks import find_stack
+from graphmem.trace.repeat.place import KEEP, same_trace
 
 T = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
 

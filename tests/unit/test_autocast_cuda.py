@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from graphmem.trace.cuda_autocast import CUDA_POLICIES, CastPolicy, cuda_autocast, cuda_autocast_lists
+from graphmem.trace.cuda_target.autocast import CUDA_POLICIES, CastPolicy, cuda_autocast, cuda_autocast_lists
 
 aten = torch.ops.aten
 BF16, FP32 = torch.bfloat16, torch.float32

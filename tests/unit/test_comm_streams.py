@@ -25,7 +25,7 @@ from graphmem.errors import UserInputError
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.memory.cuda_replay import Stream, allocation_streams, op_streams
 from graphmem.memory.results import Category, Lifetime, ModeReport
-from graphmem.trace.records import OpRecord, Phase, Role
+from graphmem.records import OpRecord, Phase, Role
 from tests.parallel_cases import MLP, ParallelCase
 
 MiB = 1 << 20

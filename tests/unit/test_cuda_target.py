@@ -10,8 +10,8 @@ from torch import nn
 import graphmem
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import UserInputError
-from graphmem.trace.cuda_kernels import select_sdpa_backend
-from graphmem.trace.records import Role
+from graphmem.records import Role
+from graphmem.trace.cuda_target.kernels import select_sdpa_backend
 
 H100, V100, T4 = get_gpu("h100-80gb"), get_gpu("v100-16gb"), get_gpu("t4")
 

@@ -96,7 +96,7 @@ def test_nested_uses_restore_in_order() -> None:
 
 @pytest.fixture
 def traced_with_cuda_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """record_step wrapped as graphmem.trace.tracer must wrap it (see job/devices.py)."""
+    """record_step wrapped as graphmem.trace.recording must wrap it (see job/devices.py)."""
     traced = graphmem.api.record_step
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:

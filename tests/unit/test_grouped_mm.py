@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import graphmem
-from graphmem.trace._torch_api import recording_fake_mode
+from graphmem.trace.core.fake_mode import recording_fake_mode
 
 aten = torch.ops.aten
 _OFFS = torch.tensor([3, 5, 8], dtype=torch.int32)

@@ -7,7 +7,7 @@ import torch
 from graphmem.memory.liveness import compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report, compute_timeline
 from graphmem.memory.results import Category
-from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
+from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 
 
 def _op(i: int, phase: Phase, scratch: int = 0) -> OpRecord:

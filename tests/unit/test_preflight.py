@@ -35,7 +35,7 @@ from graphmem.preflight.model_facts import block_classes, model_facts
 from graphmem.preflight.plan import rank_rows
 from graphmem.preflight.ranking import Departure, departure, effort
 from graphmem.preflight.rows import PlanRow, batch_templates
-from graphmem.trace.records import Phase
+from graphmem.records import Phase
 from tests.conftest import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"

@@ -21,7 +21,7 @@ ARGS = ["analyze", MLP, "--input", "4x1000", "--mode", "train", "--format", "jso
 
 def _run(monkeypatch: pytest.MonkeyPatch, *extra: str, after_s: float = 0.0) -> tuple[str, str, int]:
     monkeypatch.setattr(process, "PROGRESS_AFTER_S", after_s)
-    monkeypatch.setattr("graphmem.trace.recorder._PROGRESS_EVERY", 16)
+    monkeypatch.setattr("graphmem.trace.core.recorder._PROGRESS_EVERY", 16)
     result = CliRunner().invoke(main, [*ARGS, *extra])
     return result.stdout, result.stderr, result.exit_code
 

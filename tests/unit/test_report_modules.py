@@ -12,10 +12,10 @@ import pytest
 
 import graphmem
 from graphmem.memory.results import MemoryReport
+from graphmem.records import OpRecord, Phase
 from graphmem.report import RENDERERS, module_rows, top_tensors
 from graphmem.report.series import bucket_peaks, category_timelines, phase_spans
 from graphmem.report.sparkline import BLOCKS, render_sparkline, sparkline
-from graphmem.trace.records import OpRecord, Phase
 from tests.models import NestedNet as Net
 
 

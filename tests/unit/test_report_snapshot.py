@@ -15,8 +15,8 @@ import graphmem
 from graphmem.memory.liveness import compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import MemoryReport
+from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.report import build_snapshot, write_snapshot
-from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
 
 
 @pytest.fixture(scope="module")

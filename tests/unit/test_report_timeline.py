@@ -21,10 +21,10 @@ from graphmem.errors import UserInputError
 from graphmem.memory.liveness import compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import MemoryReport, ModeReport
+from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.report import write_timeline
 from graphmem.report.series import column_peaks
 from graphmem.report.timeline import COLOURS, DPI, MAX_POINTS, render_timeline, timeline_figure
-from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord, Trace
 from tests.conftest import ROOT
 
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'graphmem[viz]')")

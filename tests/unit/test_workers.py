@@ -29,7 +29,7 @@ print("ok")
 
 RANK_FORK = f"""
 import torch
-from graphmem.trace.rank_fork import RankFork
+from graphmem.trace.distributed.rank_fork import RankFork
 {PARALLEL_OP}
 fork = RankFork([1, 2, 3], at_once=2)
 rank = fork.split()

@@ -82,7 +82,7 @@ def int8_mixed_scaled_mm_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any])
     return Bound(a.shape[-1], (((*ca.shape[:-1], cb.shape[0]), a.dtype), ((*a.shape[:-1], None), a.dtype)))
 
 
-# On CUDA (the path MatMul8bitLt takes there, graphmem.trace.cuda_kernels), what bitsandbytes'
+# On CUDA (the path MatMul8bitLt takes there, graphmem.trace.cuda_target.kernels), what bitsandbytes'
 # int8 kernels allocate for themselves, read from bitsandbytes 0.50's source
 # (backends/cuda/ops.py and backends/default/ops.py); not measured on a GPU.
 

@@ -14,7 +14,7 @@ op's tensor metadata and non-tensor arguments (they never see a tensor):
     no output exists to fix), or lays the output out otherwise
     -> the output's ``ArgMeta`` (shape, dtype, strides) as the
     real kernel makes it, raising the real kernel's error for inputs it refuses.  Fake
-    tensors live on the CPU, so the fake tensor mode (graphmem.trace._torch_api) runs the
+    tensors live on the CPU, so the fake tensor mode (graphmem._torch_api) runs the
     ``cpu`` ones, in place of the meta kernel, for every target;
   - ``output_bounds``: where an op's output size depends on tensor values (``nonzero``,
     boolean-mask indexing, ``unique``), the largest outputs it can return -> a ``Bound``:
@@ -25,7 +25,7 @@ op's tensor metadata and non-tensor arguments (they never see a tensor):
     own op, bitsandbytes' 4-bit matmul) -> int.
   - ``value_kernel``: where an op's output sizes depend on the values of small tensor
     arguments that graphmem knows (derived from the assumed inputs: lengths computed from an
-    attention mask, graphmem.trace.values), the outputs -> an ``ArgMeta`` or a tuple of them,
+    attention mask, graphmem.trace.values.shadows), the outputs -> an ``ArgMeta`` or a tuple of them,
     or None when a value it needs is unknown.  Each such argument is given as the real tensor
     holding its values, the others as ``ArgMeta``.
 

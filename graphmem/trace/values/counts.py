@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem.trace._torch_api import hint_of
+from graphmem._torch_api import hint_of
 
 __all__ = ["NonzeroCounts"]
 

@@ -1,8 +1,8 @@
 """Recording a step, with a model's repeated blocks recorded once.
 
-Input: what graphmem.trace.tracer.trace_step takes.  Output: its ``Trace``.  A model with a
-stack of alike blocks (graphmem.trace.blocks) is recorded cut to its first four blocks and
-the others are placed by offset (graphmem.trace.repeat); the cut recording checks itself
+Input: what graphmem.trace.recording.trace_step takes.  Output: its ``Trace``.  A model with a
+stack of alike blocks (graphmem.trace.repeat.blocks) is recorded cut to its first four blocks and
+the others are placed by offset (graphmem.trace.repeat.place); the cut recording checks itself
 first, and any model it does not fit, a generation step, a parallel step other than FSDP's,
 and any recording that fails cut is recorded whole.  ``GRAPHMEM_REPEATED_BLOCKS=0`` always records whole.
 """
@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
-import torch
 from torch import nn
 
 from graphmem import progress
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
 from graphmem.job.step import StepConfig
-from graphmem.trace.blocks import Stack, cut_to, find_stack
-from graphmem.trace.cuda_kernels import CudaKernels
-from graphmem.trace.rank_fork import RankFork
-from graphmem.trace.records import Trace
-from graphmem.trace.repeat import KEEP, placed_calls, repeat_blocks, same_trace
-from graphmem.trace.tracer import trace_step
-from graphmem.workers import processes
+from graphmem.records import Trace
+from graphmem.trace.cuda_target.kernels import CudaKernels
+from graphmem.trace.recording import trace_step
+from graphmem.trace.repeat.blocks import Stack, cut_to, find_stack
+from graphmem.trace.repeat.place import KEEP, placed_calls, repeat_blocks, same_trace
 
-__all__ = ["forks_ranks", "record_ranks", "record_step"]
+__all__ = ["record_step"]
 
 
 def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "train", **keywords: Any) -> Trace:
@@ -60,37 +56,6 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
         kernels.calls.clear()
     progress.show(f"recording all {stack.length} blocks of {stack.path or 'the model'}")
     return trace_step(model, inputs, mode=mode, **keywords)
-
-
-def forks_ranks(parallel: ParallelSpec | None, ranks: Sequence[int]) -> bool:
-    """Whether record_ranks records these ranks from one shared beginning: ZeRO-1 alone (DDP's
-    ranks are alike; FSDP2, TP and PP ranks differ from the first op).  ``GRAPHMEM_FORK_RANKS=0``:
-    never (each rank recorded on its own)."""
-    return (parallel is not None and len(ranks) > 1 and {name for name, _ in parallel.degrees} == {"zero1"}
-            and parallel.parallelize is None and hasattr(os, "fork")
-            and os.environ.get("GRAPHMEM_FORK_RANKS", "1") != "0")
-
-
-def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[int], **keywords: Any
-                 ) -> list[tuple[Trace, dict[str, int] | None]]:
-    """trace_step's Trace for each of ``ranks`` of a ZeRO-1 step (forks_ranks), with the attention
-    kernels each chose on the CUDA target (``cuda``: counted anew for each).  The ranks share
-    their recording up to the first optimizer step (graphmem.trace.rank_fork); the other ranks'
-    traces come back without their fx graph."""
-    kernels: CudaKernels | None = keywords.get("cuda")
-    fork = RankFork(ranks[1:], at_once=processes())
-    try:
-        trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
-    except BaseException as exc:
-        if fork.rank is not None:
-            fork.send(exc)  # a child ends here
-        fork.stop()
-        raise
-    backends = dict(kernels.backends) if kernels else None
-    if fork.rank is not None:
-        fork.send((replace(trace, fx=torch.fx.Graph()), backends))
-    others = fork.gather()
-    return [(trace, backends), *(others[r] for r in ranks[1:])]
 
 
 def _count_placed_calls(kernels: CudaKernels, cut: Trace, stack: Stack, period: int) -> None:

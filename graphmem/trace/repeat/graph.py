@@ -1,4 +1,4 @@
-"""The fx graph of a trace whose blocks were placed by offset (graphmem.trace.repeat).
+"""The fx graph of a trace whose blocks were placed by offset (graphmem.trace.repeat.place).
 
 Input: the cut recording's graph and where each of its ops went.  Output: the whole step's
 graph, each op's node copied once per block it was placed for, its arguments the nodes of
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.records import Trace
+from graphmem.records import Trace
 
 __all__ = ["placed_graph"]
 
@@ -85,7 +85,7 @@ class _Copier:
     def expanded(self, items: Sequence[Any], owners: Sequence[int]) -> list[Any]:
         """A multi-tensor op's list (of nodes, or of one number per tensor, with the owners of
         the op's first list of nodes): block 1's items followed by block 2's become every
-        middle block's (as its storages were, graphmem.trace.repeat)."""
+        middle block's (as its storages were, graphmem.trace.repeat.place)."""
         out: list[Any] = []
         n = 0
         while n < len(items):
@@ -124,7 +124,7 @@ def placed_graph(trace: Trace, placeholders: Sequence[tuple[Key, int, str]], pla
         trace: the cut recording.
         placeholders: (key, cut sid, label) of each storage that exists before the first op,
             in the whole trace's order.
-        placer: graphmem.trace.repeat's placer (``order``, ``key``, ``at``, ``block``,
+        placer: graphmem.trace.repeat.place's placer (``order``, ``key``, ``at``, ``block``,
             ``owner_block``, ``shared``, ``length``).
     """
     copier = _Copier(trace, placer)

@@ -9,7 +9,7 @@ compare the two op for op); it sends its result back through a file and exits.  
 ``at_once`` processes record at once (graphmem.workers.processes: one per core).
 
 Input: the other ranks (the tracer adds, per rank, the values its optimizer reads).  Output:
-per rank, what its child sent (graphmem.trace.record.record_ranks gathers them).
+per rank, what its child sent (graphmem.trace.ranks.record_ranks gathers them).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from graphmem.trace.records import OpRecord, StorageRecord, SymbolicSizes, Trace
-from graphmem.trace.repeat_graph import placed_graph
-from graphmem.trace.repeat_layout import KEEP, Layout, Stacked, Unrepeatable, layout
+from graphmem.records import OpRecord, StorageRecord, SymbolicSizes, Trace
+from graphmem.trace.repeat.graph import placed_graph
+from graphmem.trace.repeat.layout import KEEP, Layout, Stacked, Unrepeatable, layout
 
 __all__ = ["KEEP", "Stacked", "Unrepeatable", "placed_calls", "repeat_blocks", "same_trace"]
 

@@ -1,7 +1,7 @@
 """CUDA's autocast, applied to (fake) CPU tensors.
 
 Used by stage 2 (trace) for ``--device cuda --amp bf16|fp16``.  The CUDA target is recorded
-on fake CPU tensors (see ``graphmem/trace/cuda_kernels.py``), so the autocast that acts on them is CPU's,
+on fake CPU tensors (see ``graphmem/trace/cuda_target/kernels.py``), so the autocast that acts on them is CPU's,
 and CPU's op lists are not CUDA's: on CUDA softmax, log_softmax, layer_norm, sum and exp
 run in (or return) float32 where CPU leaves a bf16 input in bf16, and CUDA does not autocast
 cat/stack where CPU casts their inputs first.  Those choices decide activation bytes.

@@ -32,31 +32,30 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
-from graphmem.job.devices import cuda_calls_on_cpu
-from graphmem.job.parallel import ParallelSpec
-from graphmem.job.spec import KEPT_FRACTION, READ_VALUE, ROUTING, InputSpec
-from graphmem.job.step import AMP_DTYPES, StepConfig
-from graphmem.trace import generation
-from graphmem.trace._torch_api import (
+from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
     UnsupportedOperatorException,
     backward_keeping_modes,
     expr_of,
     is_fake,
     quiet_fake_tensor_logs,
-    recording_fake_mode,
     shape_guards,
     size_symbol,
     storage_key,
-    symbolic_fake_mode,
     to_fake,
 )
-from graphmem.trace.cuda_autocast import cuda_autocast, cuda_autocast_lists
-from graphmem.trace.cuda_kernels import CudaKernels
-from graphmem.trace.fakes import fake_inputs, fake_parameters
-from graphmem.trace.optim import compute_loss, find_logits, make_optimizer, make_targets, selective_policy
-from graphmem.trace.parallel import (
+from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.job.devices import cuda_calls_on_cpu
+from graphmem.job.parallel import ParallelSpec
+from graphmem.job.spec import KEPT_FRACTION, READ_VALUE, ROUTING, InputSpec
+from graphmem.job.step import AMP_DTYPES, StepConfig
+from graphmem.records import Phase, Role, SymbolicSizes, Trace
+from graphmem.trace.core.fake_mode import recording_fake_mode, symbolic_fake_mode
+from graphmem.trace.core.fakes import fake_inputs, fake_parameters
+from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.cuda_target.autocast import cuda_autocast, cuda_autocast_lists
+from graphmem.trace.cuda_target.kernels import CudaKernels
+from graphmem.trace.distributed.parallel import (
     Applied,
     apply_parallel,
     fake_process_group,
@@ -67,13 +66,13 @@ from graphmem.trace.parallel import (
     pipeline_warmup_known,
     zero_partition,
 )
-from graphmem.trace.rank_fork import RankFork
-from graphmem.trace.recorder import Recorder
-from graphmem.trace.records import Phase, Role, SymbolicSizes, Trace
-from graphmem.trace.replica import optimizer_scalar_reads
+from graphmem.trace.distributed.rank_fork import RankFork
 from graphmem.trace.rules import RuleTable, rules_for
-from graphmem.trace.targets import BOXES, DEFAULT_BOXES, detection_targets, predicted_boxes
-from graphmem.trace.values import PREDICTED_BOXES, TARGETS, default_assumption, describe
+from graphmem.trace.step import generation
+from graphmem.trace.step.optim import compute_loss, find_logits, make_optimizer, make_targets, selective_policy
+from graphmem.trace.step.replica import optimizer_scalar_reads
+from graphmem.trace.values.shadows import PREDICTED_BOXES, TARGETS, default_assumption, describe
+from graphmem.trace.values.targets import BOXES, DEFAULT_BOXES, detection_targets, predicted_boxes
 
 __all__ = ["trace_step", "MODES"]
 
@@ -98,12 +97,12 @@ def trace_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "tr
         dtype: convert floating parameters and buffers, as ``model.to(dtype)`` would.
         rules: per-op scratch rules for the target device.
         cuda: for the CUDA target, the kernel choices to apply; the fake tensors then report
-            ``cpu`` (see graphmem.trace.cuda_kernels for why) and ``device`` is ignored.
+            ``cpu`` (see graphmem.trace.cuda_target.kernels for why) and ``device`` is ignored.
         assume: input name -> assumed value (``ones``, ``zeros``, ``arange`` or an integer)
-            for answering value reads; see graphmem.trace.values for the defaults.
-        parallel: data-parallel or sharded training (graphmem.trace.parallel); the trace is
+            for answering value reads; see graphmem.trace.values.shadows for the defaults.
+        parallel: data-parallel or sharded training (graphmem.trace.distributed.parallel); the trace is
             then ``rank``'s, with a fake process group of the spec's world size.
-        fork: ZeRO-1 (graphmem.trace.rank_fork): at the first optimizer step, fork a child
+        fork: ZeRO-1 (graphmem.trace.distributed.rank_fork): at the first optimizer step, fork a child
             per other rank of ``fork.ranks`` that records the rest of the step as that rank.
         symbol: (letter, value): the inputs' ``symbolic`` dimensions are recorded as one size
             symbol with that value; the trace's ``sizes`` then give its sizes at any value
@@ -290,7 +289,7 @@ def _declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[A
 
 def _declare_targets(recorder: Recorder, model: nn.Module, args: list[Any], kwargs: dict[str, Any],
                      fake_mode: Any, device: torch.device, assume: Mapping[str, str]) -> None:
-    """A detection model trained without targets gets graphmem's (graphmem.trace.targets): a
+    """A detection model trained without targets gets graphmem's (graphmem.trace.values.targets): a
     keyword input ``targets`` of fake tensors whose values are known, noted in the report."""
     try:
         boxes = int(assume.get(BOXES, DEFAULT_BOXES))
@@ -344,7 +343,7 @@ def _buffers_replaced(recorder: Recorder) -> Iterator[None]:
 def _checks_pass(recorder: Recorder) -> Iterator[None]:
     """``torch._check_tensor_all_with(error, cond)`` on values no shadow knows (VITS: ``all(discriminant
     >= 0)``): the reduction runs, as in a real run; its value is taken to be true, noted once.
-    ``torch.isfinite`` of such values: true everywhere (graphmem.trace.values, finite checks).
+    ``torch.isfinite`` of such values: true everywhere (graphmem.trace.values.shadows, finite checks).
     ``format(t)`` of a one-element tensor reads its value, as a real tensor's does."""
     original = torch._check_tensor_all_with
 
@@ -407,7 +406,7 @@ def _not_tracing_to_libraries() -> Iterator[None]:
     is_fake_tensor) and then, for example, always materialises the 4-D attention mask that a
     real run skips when the mask is all ones.  graphmem predicts the real run, so, while it
     records, transformers is told its tensors are not fake; the value reads this unlocks are
-    answered from the declared input assumptions (graphmem.trace.values).
+    answered from the declared input assumptions (graphmem.trace.values.shadows).
     """
     utils = sys.modules.get("transformers.utils.import_utils")
     original = getattr(utils, "is_fake_tensor", None)
@@ -610,7 +609,7 @@ def _micro_step(loop: _Loop) -> tuple[Any, torch.Tensor]:
 
 def _autocast(step: StepConfig, device: torch.device, cuda: bool) -> AbstractContextManager[Any]:
     """torch.autocast for ``--amp`` on the (fake) device, or nothing.  The CUDA target records
-    on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.trace.cuda_autocast)."""
+    on fake CPU tensors, so there autocast runs with CUDA's op lists (graphmem.trace.cuda_target.autocast)."""
     if step.amp is None:
         return contextlib.nullcontext()
     if cuda:

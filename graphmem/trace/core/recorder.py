@@ -34,8 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem import interrupts, progress
-from graphmem.errors import TraceError, UserInputError
-from graphmem.trace._torch_api import (
+from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
     DynamicOutputShapeException,
     StorageWeakRef,
@@ -45,15 +44,16 @@ from graphmem.trace._torch_api import (
     current_autograd_node,
     expr_of,
     hint_of,
+    local_tensor,
     storage_expired,
     storage_key,
     unset_fake_temporarily,
 )
-from graphmem.trace.counts import NonzeroCounts
-from graphmem.trace.parallel import local_tensor
-from graphmem.trace.records import OpRecord, Phase, Role, StorageRecord
+from graphmem.errors import TraceError, UserInputError
+from graphmem.records import OpRecord, Phase, Role, StorageRecord
 from graphmem.trace.rules.registry import ArgMeta, Rule, RuleTable, output_bounds, output_shapes, scratch_bytes
-from graphmem.trace.values import Shadows
+from graphmem.trace.values.counts import NonzeroCounts
+from graphmem.trace.values.shadows import Shadows
 
 __all__ = ["Recorder", "fixed_outputs"]
 
@@ -207,7 +207,7 @@ class Recorder(TorchDispatchMode):
         self._constants = 0
         self.pending: tuple[str, str] = ("", "")
         self.assumptions: list[str] = []
-        self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.trace.replica
+        self.scalar_reads: list[Any] = []  # values the optimizer step reads, from graphmem.trace.step.replica
         self._read_index = 0
         self._silent = False
         self.shadows = Shadows()
@@ -439,8 +439,8 @@ class Recorder(TorchDispatchMode):
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Run the op on fake tensors.  A value the optimizer step reads comes from the real
-        one-element replica (graphmem.trace.replica), in order; a value or value-dependent shape
-        the model reads comes from the assumed inputs' shadows (graphmem.trace.values)."""
+        one-element replica (graphmem.trace.step.replica), in order; a value or value-dependent shape
+        the model reads comes from the assumed inputs' shadows (graphmem.trace.values.shadows)."""
         if func == _READ and self.phase == Phase.OPTIMIZER:
             return self._replica_value()
         if func.overloadpacket in _RETURNS_INPUT:

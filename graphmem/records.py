@@ -116,7 +116,7 @@ class Trace:
 
     mode: str
     # the fx graph, or what builds it when first asked for (a trace whose blocks were placed by
-    # offset, graphmem.trace.repeat: only the DOT output reads it); read it as ``graph``
+    # offset, graphmem.trace.repeat.place: only the DOT output reads it); read it as ``graph``
     fx: torch.fx.Graph | Callable[[], torch.fx.Graph]
     ops: tuple[OpRecord, ...]
     storages: tuple[StorageRecord, ...]

@@ -29,9 +29,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from graphmem._torch_api import hint_of, is_fake, unset_fake_temporarily
 from graphmem.job.spec import ROUTINGS
 from graphmem.job.values import UNINITIALISED
-from graphmem.trace._torch_api import hint_of, is_fake, unset_fake_temporarily
 
 __all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT", "spread"]
 
@@ -52,7 +52,7 @@ FINITE = "finite values"  # the source of the shadows of _FINITE_CHECKS' outputs
 _CHOICES = frozenset({torch.ops.aten.topk.default, torch.ops.aten.argmax.default, torch.ops.aten.argmin.default,
                       torch.ops.aten.max.dim, torch.ops.aten.min.dim})
 BUILT = "values computed when built"  # the source of buffers' shadows (graphmem.job.values)
-TARGETS = "targets made by graphmem"  # a detection model's targets (graphmem.trace.targets; noted there)
+TARGETS = "targets made by graphmem"  # a detection model's targets (graphmem.trace.values.targets; noted there)
 PREDICTED_BOXES = "predicted boxes covering the image"  # an R-CNN's boxes, read in inference (trace.targets)
 MASK_COUNT = "a mask's count at its most"  # how many elements of a mask of unknown values are set
 

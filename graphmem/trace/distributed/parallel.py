@@ -40,24 +40,18 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from graphmem._torch_api import TorchDispatchMode, local_tensor, unset_fake_temporarily
 from graphmem.errors import GraphmemError, UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
-from graphmem.trace._torch_api import TorchDispatchMode, unset_fake_temporarily
 
 __all__ = ["Applied", "PipelineStageModule", "apply_parallel", "distinct_ranks", "fake_process_group", "fsdp_units",
-           "following_resizes", "local_tensor", "meta_copy", "pipeline_schedule", "pipeline_split",
+           "following_resizes", "meta_copy", "pipeline_schedule", "pipeline_split",
            "pipeline_stage_module", "pipeline_warmup_known", "tp_plan", "zero_partition"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 # DDP's check that every rank has the same parameter shapes (it reads values)
 _VERIFY = "_verify_param_shape_across_processes"
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The rank's own tensor behind a DTensor (its storage is what the rank holds); ``t`` otherwise."""
-    inner = getattr(t, "_local_tensor", None)
-    return inner if isinstance(inner, torch.Tensor) else t
 
 
 @contextlib.contextmanager

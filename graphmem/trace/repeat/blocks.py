@@ -2,7 +2,7 @@
 
 Input: a module.  Output: its longest stack of identical blocks (an ``nn.ModuleList`` or
 ``nn.Sequential`` whose children are alike), or None; and a context that runs the model
-with the stack cut to its first few blocks.  graphmem.trace.repeat records the cut model
+with the stack cut to its first few blocks.  graphmem.trace.repeat.place records the cut model
 and places the other blocks' ops and storages by offset.
 
 Blocks are alike when every submodule has the same class, the same parameters and buffers
@@ -16,7 +16,7 @@ the others: it is recorded as it is (a ResNet stage's first block downsamples, T
 the position bias).  A transformers config with a per-layer list whose entries differ, or a
 list of some layers' indices, makes the stack unlike: the model's code reads it by layer index
 where no attribute of a block shows it.  A block whose behaviour depends on its position only
-through such an integer is caught by the check graphmem.trace.repeat makes on the recording
+through such an integer is caught by the check graphmem.trace.repeat.place makes on the recording
 itself.
 """
 

@@ -1,4 +1,4 @@
-"""Repeated blocks, the cut recording taken apart (graphmem.trace.repeat places it).
+"""Repeated blocks, the cut recording taken apart (graphmem.trace.repeat.place places it).
 
 Input: the ``Trace`` of a model whose stack was cut to KEEP blocks, and where the stack is.
 Output: a ``Layout``: each op's block (or none, or "shared" for the optimizer's multi-tensor
@@ -14,7 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from graphmem.trace.records import Phase, Trace
+from graphmem.records import Phase, Trace
 
 __all__ = ["KEEP", "Layout", "Stacked", "Unrepeatable", "layout"]
 

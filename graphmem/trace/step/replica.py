@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from graphmem._torch_api import TorchDispatchMode
 from graphmem.job.step import StepConfig
-from graphmem.trace._torch_api import TorchDispatchMode
-from graphmem.trace.optim import make_optimizer
+from graphmem.trace.step.optim import make_optimizer
 
 __all__ = ["optimizer_scalar_reads"]
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphmem._torch_api import FakeTensorMode, to_fake
 from graphmem.job.spec import InputSpec
 from graphmem.job.values import built_value
-from graphmem.trace._torch_api import FakeTensorMode, to_fake
-from graphmem.trace.records import Role
+from graphmem.records import Role
 
 __all__ = ["fake_inputs", "fake_parameters", "fake_copy"]
 

@@ -7,7 +7,7 @@ dict per image, ``boxes`` (n x 4, x1 y1 x2 y2 in pixels) and ``labels`` (n, int6
 R-CNN.  Where the job gives none, graphmem makes them: ``n`` boxes per image (default
 ``DEFAULT_BOXES``, ``--assume boxes=N``), each half the image's width and height, laid out on
 a grid, of class 1, with a mask filling the box and keypoints on its diagonal.  Each is a
-fake input whose real value is known (a shadow, graphmem.trace.values), as the model's checks
+fake input whose real value is known (a shadow, graphmem.trace.values.shadows), as the model's checks
 on them read values (``degenerate boxes``).  The loss is the sum of the losses the model
 returns, as torchvision's reference training script sums them.
 
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem.trace._torch_api import hint_of, unset_fake_temporarily
+from graphmem._torch_api import hint_of, unset_fake_temporarily
 
 __all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "predicted_boxes", "target_kinds", "target_values"]
 

@@ -1,0 +1,56 @@
+"""A ZeRO-1 step recorded once for several ranks, forked at the first optimizer step.
+
+Input: what graphmem.trace.recording.trace_step takes, and the ranks.  Output: each rank's
+``Trace`` (graphmem.trace.distributed.rank_fork runs the forked ranks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphmem.job.parallel import ParallelSpec
+from graphmem.job.spec import InputSpec
+from graphmem.records import Trace
+from graphmem.trace.cuda_target.kernels import CudaKernels
+from graphmem.trace.distributed.rank_fork import RankFork
+from graphmem.trace.recording import trace_step
+from graphmem.workers import processes
+
+__all__ = ["forks_ranks", "record_ranks"]
+
+
+def forks_ranks(parallel: ParallelSpec | None, ranks: Sequence[int]) -> bool:
+    """Whether record_ranks records these ranks from one shared beginning: ZeRO-1 alone (DDP's
+    ranks are alike; FSDP2, TP and PP ranks differ from the first op).  ``GRAPHMEM_FORK_RANKS=0``:
+    never (each rank recorded on its own)."""
+    return (parallel is not None and len(ranks) > 1 and {name for name, _ in parallel.degrees} == {"zero1"}
+            and parallel.parallelize is None and hasattr(os, "fork")
+            and os.environ.get("GRAPHMEM_FORK_RANKS", "1") != "0")
+
+
+def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[int], **keywords: Any
+                 ) -> list[tuple[Trace, dict[str, int] | None]]:
+    """trace_step's Trace for each of ``ranks`` of a ZeRO-1 step (forks_ranks), with the attention
+    kernels each chose on the CUDA target (``cuda``: counted anew for each).  The ranks share
+    their recording up to the first optimizer step (graphmem.trace.distributed.rank_fork); the other ranks'
+    traces come back without their fx graph."""
+    kernels: CudaKernels | None = keywords.get("cuda")
+    fork = RankFork(ranks[1:], at_once=processes())
+    try:
+        trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
+    except BaseException as exc:
+        if fork.rank is not None:
+            fork.send(exc)  # a child ends here
+        fork.stop()
+        raise
+    backends = dict(kernels.backends) if kernels else None
+    if fork.rank is not None:
+        fork.send((replace(trace, fx=torch.fx.Graph()), backends))
+    others = fork.gather()
+    return [(trace, backends), *(others[r] for r in ranks[1:])]
