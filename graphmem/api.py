@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from graphmem import interrupts, progress
+from graphmem._torch_api import OpOverload
 from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.errors import UserInputError
@@ -43,7 +44,7 @@ __all__ = ["PeakCurve", "analyze", "analyze_curve"]
 
 def analyze(job: Job | str | ModelSource | None = None,
             inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor = (),
-            *, rules: Mapping[torch._ops.OpOverload, Rule] | None = None, policy: str = "observed",
+            *, rules: Mapping[OpOverload, Rule] | None = None, policy: str = "observed",
             checkpoint_comparison: bool = True, **keywords: Any) -> MemoryReport:
     """Predict the memory of one inference call and of a training step, without running them.
 
@@ -137,7 +138,7 @@ class PeakCurve:
 
 def analyze_curve(job: Job | str | ModelSource | None = None,
                   inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor = (),
-                  *, hint: int = 2, rules: Mapping[torch._ops.OpOverload, Rule] | None = None,
+                  *, hint: int = 2, rules: Mapping[OpOverload, Rule] | None = None,
                   policy: str = "observed", **keywords: Any) -> PeakCurve:
     """Record the job once with its size symbol (one capital letter among the inputs'
     dimensions: ``Bx1000``, ``input_ids=1xS:int64``) at ``hint``; see PeakCurve.
@@ -201,7 +202,7 @@ class _Built:
     notes: tuple[str, ...]
 
 
-def _build(job: Job, rules: Mapping[torch._ops.OpOverload, Rule] | None) -> _Built:
+def _build(job: Job, rules: Mapping[OpOverload, Rule] | None) -> _Built:
     """Build the model (on the meta device), apply fine-tuning, resolve the target."""
     step, cuda = job.step, _cuda_target(job)
     if cuda is not None:

@@ -27,9 +27,8 @@ def on_meta(build: Callable[[], Any], device: str) -> Any:
 
 
 def on_fake(build: Callable[[], Any], device: str) -> Any:
-    # torch private API outside graphmem/_torch_api.py: stage 1 sits below stage 2 and
-    # cannot import it.  Real tensors (a module's constants) may take part: they are read only.
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    # Real tensors (a module's constants) may take part: they are read only.
+    from graphmem._torch_api import FakeTensorMode
 
     with cuda_calls_on_cpu(device, tensors_on="cpu"), FakeTensorMode(allow_non_fake_inputs=True):
         model = build()

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
+
+from graphmem._torch_api import TorchDispatchMode, tree_flatten, tree_map
 
 __all__ = ["UNINITIALISED", "VALUE_LIMIT", "built_value", "keep_value", "kept_values"]
 
