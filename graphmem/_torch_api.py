@@ -31,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 __all__ = [
     "DATA_DEPENDENT_ERRORS",
     "DynamicOutputShapeException",
+    "OP_ERRORS",
     "FakeTensor",
     "FakeTensorMode",
     "OpOverload",
@@ -61,6 +62,10 @@ __all__ = [
 MIN_TORCH = (2, 4)
 if tuple(int(p) for p in torch.__version__.split(".")[:2]) < MIN_TORCH:  # pragma: no cover
     raise ImportError(f"graphmem needs torch >= 2.4, found {torch.__version__}")
+
+# What an aten op, a meta kernel or a flop formula raises on arguments it does not accept
+# (NotImplementedError is a RuntimeError; sympy's and FakeTensor's refusals derive from these).
+OP_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, AssertionError)
 
 # Raised by FakeTensor when a model reads a tensor's value or creates a value-dependent shape.
 DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
@@ -172,7 +177,7 @@ def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> Any:
         return 0
     try:
         value = formula(*args, **kwargs, out_val=out)
-    except Exception:  # a formula that does not accept this overload's arguments
+    except OP_ERRORS:  # a formula that does not accept this overload's arguments
         return 0
     return value if isinstance(value, torch.SymInt) else int(value)
 

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from graphmem import interrupts, progress
-from graphmem._torch_api import OpOverload
+from graphmem._torch_api import OP_ERRORS, OpOverload
 from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
-from graphmem.errors import UserInputError
+from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import Job, make_job
 from graphmem.job.load import ModelSource, construct_model, resolve_target
@@ -163,7 +163,7 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
         if formula:
             try:
                 trace = record_step(*args, **kwargs, symbol=(symbol, hint))
-            except Exception:  # a kernel, rule or model that needs numbers: recorded with numbers below
+            except (GraphmemError, *OP_ERRORS):  # a kernel, rule or model needs numbers: recorded with them below
                 trace = None
         recorded.append(trace if trace is not None else record_step(*args, **kwargs))
         return recorded[-1]

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from graphmem._torch_api import OP_ERRORS
 from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.values import keep_value, kept_values
 
@@ -143,7 +144,7 @@ def _factory_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
                  if isinstance(a, torch.Tensor) else a for a in args]
     try:
         out = func(*meta_args, **{**kwargs, "device": "meta"})
-    except Exception:
+    except OP_ERRORS:  # the meta device cannot tell
         return 0
     return sum(t.untyped_storage().nbytes() for t in _tensors(out))
 

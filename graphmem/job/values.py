@@ -22,7 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import TorchDispatchMode, tree_flatten, tree_map
+from graphmem._torch_api import OP_ERRORS, TorchDispatchMode, tree_flatten, tree_map
 
 __all__ = ["UNINITIALISED", "VALUE_LIMIT", "built_value", "keep_value", "kept_values"]
 
@@ -95,7 +95,7 @@ class _Keeper(TorchDispatchMode):
         real_args, real_kwargs = tree_map(_real, (tuple(args), dict(kwargs)))
         try:
             real = func(*real_args, **real_kwargs)
-        except Exception:  # a value we cannot compute stays unknown
+        except OP_ERRORS:  # a value we cannot compute stays unknown
             for t in outs:
                 _VALUES.pop(t, None)
             return
