@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,6 +41,15 @@ __all__ = [
     "TorchDispatchMode",
     "UnsupportedOperatorException",
     "autograd_sequence_nr",
+    "TENSOR_CHECK",
+    "check_with",
+    "dispatch_key_guard",
+    "fake_process_group_store",
+    "fsdp_storage_modules",
+    "ops_with_kernel_for",
+    "is_cached_tensor",
+    "pipeline_inference_mode",
+    "sdp_priority_order",
     "backward_keeping_modes",
     "count_flops",
     "current_autograd_node",
@@ -53,6 +62,7 @@ __all__ = [
     "size_symbol",
     "storage_expired",
     "storage_key",
+    "tensor_check",
     "to_fake",
     "tree_flatten",
     "tree_map",
@@ -201,3 +211,60 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The rank's own tensor behind a DTensor (its storage is what the rank holds); ``t`` otherwise."""
     inner = getattr(t, "_local_tensor", None)
     return inner if isinstance(inner, torch.Tensor) else t
+
+
+def ops_with_kernel_for(dispatch_key: str) -> frozenset[str]:
+    """The ops ("aten::softmax.int") the installed torch registers a kernel for ``dispatch_key``."""
+    return frozenset(name for name in torch._C._dispatch_get_all_op_names()
+                     if torch._C._dispatch_has_kernel_for_dispatch_key(name, dispatch_key))
+
+
+def is_cached_tensor(t: torch.Tensor) -> bool:
+    """at::caching::is_cached_tensor: a tensor CUDA graph trees keep (never cast-cached)."""
+    return bool(torch._C._is_cached_tensor(t))  # type: ignore[attr-defined]
+
+
+def dispatch_key_guard(key_name: str) -> Any:
+    """A factory of guards excluding the dispatch key ``key_name`` ("AutocastCPU") while open."""
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
+    return lambda: torch._C._ExcludeDispatchKeyGuard(excluded)
+
+
+def sdp_priority_order() -> list[int]:
+    """The order (backend numbers) in which scaled_dot_product_attention tries its kernels."""
+    return [int(number) for number in torch._C._get_sdp_priority_order()]
+
+
+check_with = torch._check_with  # torch._check with the error type to raise
+
+TENSOR_CHECK = "_check_tensor_all_with"  # torch's check that every element of a bool tensor is true
+
+
+def tensor_check() -> Callable[..., None]:
+    """torch._check_tensor_all_with as it is now (a recording may have replaced it)."""
+    check: Callable[..., None] = getattr(torch, TENSOR_CHECK)
+    return check
+
+
+def fake_process_group_store() -> Any:
+    """The store of torch's fake process group ("fake" backend: collectives do nothing)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def fsdp_storage_modules() -> tuple[Any, ...]:
+    """FSDP2's modules whose ``alloc_storage``/``free_storage`` resize the unsharded parameters
+    (none in a torch without FSDP2)."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        return ()
+    return _fsdp_param, _fsdp_param_group
+
+
+def pipeline_inference_mode() -> Any:
+    """torch.distributed.pipelining's InferenceMode (whether a stage infers its shapes at run time)."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    return InferenceMode

@@ -12,9 +12,9 @@ The rooms, each importing only the ones below it (checked by import-linter):
 - ``recording``: ``trace_step``, what one recording is;
 - ``step``: the step drivers, run under the recorder as a trainer runs them;
 - ``distributed`` (PyTorch's engines under a fake process group), ``cuda_target`` (CUDA's
-  kernel and autocast choices on fake CPU tensors), ``values`` (answers to reads of values
-  fake tensors do not hold);
+  kernel and autocast choices on fake CPU tensors);
 - ``core``: the dispatch mode and its books (storages, modules, the fx graph);
+- ``values``: answers to reads of values fake tensors do not hold (the core asks them);
 - ``rules``: the per-op registry.
 
 ``symbolic`` (a trace at another size of its size symbol) is a pure pass over a ``Trace``.

@@ -30,19 +30,22 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
+    TENSOR_CHECK,
     UnsupportedOperatorException,
     backward_keeping_modes,
+    check_with,
     expr_of,
     is_fake,
     quiet_fake_tensor_logs,
     shape_guards,
     size_symbol,
     storage_key,
+    tensor_check,
     to_fake,
+    tree_flatten,
 )
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
 from graphmem.job.devices import cuda_calls_on_cpu
@@ -345,13 +348,13 @@ def _checks_pass(recorder: Recorder) -> Iterator[None]:
     >= 0)``): the reduction runs, as in a real run; its value is taken to be true, noted once.
     ``torch.isfinite`` of such values: true everywhere (graphmem.trace.values.shadows, finite checks).
     ``format(t)`` of a one-element tensor reads its value, as a real tensor's does."""
-    original = torch._check_tensor_all_with
+    original = tensor_check()
 
     def check(error_type: Any, cond: Any, message: Any = None) -> None:
         if isinstance(cond, torch.Tensor) and is_fake(cond) and cond.dtype == torch.bool:
             result = cond._is_all_true()
             if recorder.shadows.get(result) is not None:  # known: checked as torch checks it
-                torch._check_with(error_type, bool(result.item()), message)
+                check_with(error_type, bool(result.item()), message)
             elif CHECK_PASSED not in recorder.assumptions:
                 recorder.assumptions.append(CHECK_PASSED)
             return
@@ -365,7 +368,7 @@ def _checks_pass(recorder: Recorder) -> Iterator[None]:
     def formatted(t: torch.Tensor, spec: str) -> str:  # f"expert_{idx}": a real 0-d tensor formats its .item()
         return format(t.item(), spec) if is_fake(t) and t.dim() == 0 else str_format(t, spec)
     isfinite, method, str_format = torch.isfinite, torch.Tensor.isfinite, torch.Tensor.__format__
-    patched = ((torch, "_check_tensor_all_with", check, original), (torch, "isfinite", finite, isfinite),
+    patched = ((torch, TENSOR_CHECK, check, original), (torch, "isfinite", finite, isfinite),
                (torch.Tensor, "isfinite", finite, method), (torch.Tensor, "__format__", formatted, str_format))
     for owner, name, new, _ in patched:
         setattr(owner, name, new)

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem import interrupts, progress
@@ -47,6 +46,8 @@ from graphmem._torch_api import (
     local_tensor,
     storage_expired,
     storage_key,
+    tree_flatten,
+    tree_map,
     unset_fake_temporarily,
 )
 from graphmem.errors import TraceError, UserInputError

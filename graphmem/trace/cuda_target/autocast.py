@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from graphmem._torch_api import OpOverload, dispatch_key_guard, is_cached_tensor, ops_with_kernel_for
+
 __all__ = ["CUDA_POLICIES", "CastPolicy", "autocast_ops", "cuda_autocast", "cuda_autocast_lists"]
 
 
@@ -115,15 +117,14 @@ def autocast_ops(dispatch_key: str) -> frozenset[str]:
 
     Cached at the first call, which ``cuda_autocast`` makes before it overrides anything.
     """
-    return frozenset(name for name in torch._C._dispatch_get_all_op_names()
-                     if torch._C._dispatch_has_kernel_for_dispatch_key(name, dispatch_key))
+    return ops_with_kernel_for(dispatch_key)
 
 
 @cache
-def _packet(name: str) -> torch._ops.OpOverload:
+def _packet(name: str) -> OpOverload:
     """The aten OpOverload for "op" or "op.overload"."""
     base, _, overload = name.partition(".")
-    packet: torch._ops.OpOverload = getattr(getattr(torch.ops.aten, base), overload or "default")
+    packet: OpOverload = getattr(getattr(torch.ops.aten, base), overload or "default")
     return packet
 
 
@@ -142,7 +143,7 @@ def _is_eligible(t: Any) -> bool:
 
 def _is_cached_tensor(t: torch.Tensor) -> bool:
     # at::caching::is_cached_tensor: tensors CUDA graph trees keep; never cast-cached
-    return bool(torch._C._is_cached_tensor(t))  # type: ignore[attr-defined]
+    return is_cached_tensor(t)
 
 
 class _CastCache:
@@ -178,13 +179,13 @@ class _CastCache:
 
 # ---- the policies: each takes the bound arguments (schema name -> value) -------------------------
 
-def _bind(packet: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _bind(packet: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The arguments the dispatcher passed, by schema name (omitted defaults stay omitted)."""
     names = [a.name for a in packet._schema.arguments]
     return {**dict(zip(names, args, strict=False)), **kwargs}
 
 
-def _cast_all(packet: torch._ops.OpOverload, bound: dict[str, Any],
+def _cast_all(packet: OpOverload, bound: dict[str, Any],
               cast: Callable[[Any], Any]) -> dict[str, Any]:
     # cached_cast's overloads: Tensor, optional<Tensor>, TensorList; anything else is passed as
     # is.  Last argument first: the casts are a pack expansion in a call's arguments, which the
@@ -202,7 +203,7 @@ def _cast_all(packet: torch._ops.OpOverload, bound: dict[str, Any],
     return out
 
 
-def _voters(packet: torch._ops.OpOverload, bound: dict[str, Any]) -> Iterator[Any]:
+def _voters(packet: OpOverload, bound: dict[str, Any]) -> Iterator[Any]:
     # prioritize's overloads: Tensor and TensorList; optional<Tensor> falls to the no-op template
     for a in packet._schema.arguments:
         kind, value = str(a.type), bound.get(a.name)
@@ -212,7 +213,7 @@ def _voters(packet: torch._ops.OpOverload, bound: dict[str, Any]) -> Iterator[An
             yield from value or []
 
 
-def _promote_type(packet: torch._ops.OpOverload, bound: dict[str, Any], lower: torch.dtype) -> torch.dtype:
+def _promote_type(packet: OpOverload, bound: dict[str, Any], lower: torch.dtype) -> torch.dtype:
     # promote_type/prioritize: double is ignored; float32 wins over the low dtype
     current = lower
     for t in _voters(packet, bound):
@@ -225,7 +226,7 @@ def _promote_type(packet: torch._ops.OpOverload, bound: dict[str, Any], lower: t
     return current
 
 
-def _set_opt_dtype(packet: torch._ops.OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
+def _set_opt_dtype(packet: OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
     # set_opt_dtype: an optional<ScalarType> the caller left unset becomes float32
     out = dict(bound)
     for a in packet._schema.arguments:
@@ -234,7 +235,7 @@ def _set_opt_dtype(packet: torch._ops.OpOverload, bound: dict[str, Any]) -> dict
     return out
 
 
-def _append_dtype(packet: torch._ops.OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
+def _append_dtype(packet: OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
     # type_from_firstarg; the redispatch overload takes every argument explicitly
     first = packet._schema.arguments[0].name
     out = {a.name: bound.get(a.name, a.default_value) for a in packet._schema.arguments}
@@ -262,10 +263,10 @@ def _run(name: str, policy: CastPolicy, bound: dict[str, Any], casts: _CastCache
 
 def _kernel(name: str, policy: CastPolicy, casts: _CastCache) -> Callable[..., Any]:
     """The Python kernel for op ``name`` under ``policy``, for the AutocastCPU key."""
-    packet, excluded = _packet(name), torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    packet, no_autocast = _packet(name), dispatch_key_guard("AutocastCPU")
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._ExcludeDispatchKeyGuard(excluded):  # as WrapFunction_'s no_autocast guard
+        with no_autocast():  # as WrapFunction_'s no_autocast guard
             return _run(name, policy, _bind(packet, args, kwargs), casts)
 
     return kernel

@@ -9,7 +9,7 @@ dtypes and saved tensors.  The choices, each from the installed torch's source:
 - ``scaled_dot_product_attention``: the backend PyTorch's ``select_sdp_backend``
   (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) picks for the GPU, dtype, head
   dim, mask and dropout, in the installed torch's priority order
-  (``torch._C._get_sdp_priority_order()``), or the one forced by ``--sdpa``.  Flash and
+  (torch's own priority order), or the one forced by ``--sdpa``.  Flash and
   memory-efficient attention keep the output and a per-row logsumexp (and RNG state), not
   the s x s matrix; math keeps the attention matrix.
 - dropout: ``F.dropout`` on CUDA runs the fused ``native_dropout`` kernel, which saves a
@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from graphmem._torch_api import sdp_priority_order
 from graphmem.cuda.gpus import GPU
 from graphmem.errors import UserInputError
 
@@ -76,8 +77,8 @@ def select_sdpa_backend(dtype: torch.dtype, head_dim: int, has_mask: bool, gpu: 
                                  f"attention with head dim {head_dim}{' and a mask' if has_mask else ''} "
                                  f"on {gpu.name}; use --sdpa auto")
         return requested
-    for number in torch._C._get_sdp_priority_order():
-        name = _ORDER.get(int(number))
+    for number in sdp_priority_order():
+        name = _ORDER.get(number)
         if name and name != "cudnn" and usable[name]:
             return name
     return "math"

@@ -38,9 +38,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
-from graphmem._torch_api import TorchDispatchMode, local_tensor, unset_fake_temporarily
+from graphmem._torch_api import (
+    TorchDispatchMode,
+    fake_process_group_store,
+    fsdp_storage_modules,
+    local_tensor,
+    pipeline_inference_mode,
+    tree_flatten,
+    unset_fake_temporarily,
+)
 from graphmem.errors import GraphmemError, UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
@@ -61,12 +68,11 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
 
     if not dist.is_available():
         raise UnsupportedError("this torch build has no torch.distributed; --parallel needs it")
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
+    store = fake_process_group_store()  # importing it registers the "fake" backend
     if dist.is_initialized():
         raise UnsupportedError("a torch.distributed process group is already initialised in this process; "
                                "--parallel runs its own fake one")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("fake", store=store, rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -443,12 +449,11 @@ class _NoRebuild:
 def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """Call ``resized(tensor)`` after every storage resize FSDP2 makes (alloc/free of the
     unsharded parameters), while inside."""
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-    except ImportError:  # no FSDP2 in this torch: nothing resizes
+    modules = fsdp_storage_modules()
+    if not modules:  # no FSDP2 in this torch: nothing resizes
         yield
         return
-    originals = {(m, name): getattr(m, name) for m in (_fsdp_param, _fsdp_param_group)
+    originals = {(m, name): getattr(m, name) for m in modules
                  for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
 
     def wrap(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
@@ -687,7 +692,7 @@ def pipeline_warmup_known() -> Iterator[None]:
     given its shapes, and reads the vote's value (``.item()``): no values on the fake process
     group.  Every stage here is given its shapes, so each stage is told the vote's outcome."""
     from torch.distributed.pipelining import schedules
-    from torch.distributed.pipelining._utils import InferenceMode
+    InferenceMode = pipeline_inference_mode()
 
     def warmup(self: Any, stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
         for stage in stages:

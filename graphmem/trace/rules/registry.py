@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from graphmem._torch_api import OpOverload
+
 __all__ = ["ArgMeta", "Bound", "Rule", "RuleTable", "output_bounds", "output_shapes", "register", "rules_for",
            "scratch_bytes"]
 
@@ -82,23 +84,23 @@ class Bound:
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
 KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds", "flops", "value_kernel")
-_RULES: dict[tuple[str, str, torch._ops.OpOverload | str], Rule] = {}
+_RULES: dict[tuple[str, str, OpOverload | str], Rule] = {}
 
 
 @dataclass(frozen=True, slots=True)
 class RuleTable:
     """The rules in force for one target device, by kind."""
 
-    scratch: Mapping[torch._ops.OpOverload, Rule]
-    output_dtypes: Mapping[torch._ops.OpOverload, Rule]
-    output_shapes: Mapping[torch._ops.OpOverload, Rule]
-    fake_kernels: Mapping[torch._ops.OpOverload, Rule]
-    output_bounds: Mapping[torch._ops.OpOverload, Rule]
-    flops: Mapping[torch._ops.OpOverload, Rule] = field(default_factory=dict)
-    value_kernels: Mapping[torch._ops.OpOverload, Rule] = field(default_factory=dict)
+    scratch: Mapping[OpOverload, Rule]
+    output_dtypes: Mapping[OpOverload, Rule]
+    output_shapes: Mapping[OpOverload, Rule]
+    fake_kernels: Mapping[OpOverload, Rule]
+    output_bounds: Mapping[OpOverload, Rule]
+    flops: Mapping[OpOverload, Rule] = field(default_factory=dict)
+    value_kernels: Mapping[OpOverload, Rule] = field(default_factory=dict)
 
 
-def register(op: torch._ops.OpOverload | str, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
+def register(op: OpOverload | str, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
     """Decorator registering ``fn`` as the ``kind`` rule of ``op`` on ``device``.  ``op`` may be
     a library's op by name (``"torchvision::nms.default"``): its rule applies once that library
     has registered the op (the user's model imported it).
@@ -110,7 +112,7 @@ def register(op: torch._ops.OpOverload | str, *, device: str, kind: str = "scrat
     if isinstance(op, str):
         if not re.fullmatch(r"\w+::\w+\.\w+", op):
             raise TypeError(f"register: expected an op name such as 'torchvision::nms.default', got {op!r}")
-    elif not isinstance(op, torch._ops.OpOverload):
+    elif not isinstance(op, OpOverload):
         raise TypeError(f"register: expected an OpOverload such as aten.mm.default, got {op!r}")
     if kind not in KINDS:
         raise ValueError(f"register: unknown kind {kind!r}; expected one of {KINDS}")
@@ -127,9 +129,9 @@ def register(op: torch._ops.OpOverload | str, *, device: str, kind: str = "scrat
     return decorate
 
 
-def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = None) -> RuleTable:
+def rules_for(device: str, extra: Mapping[OpOverload, Rule] | None = None) -> RuleTable:
     """The rules for ``device``; ``extra`` adds or overrides scratch rules."""
-    def of(wanted: str) -> dict[torch._ops.OpOverload, Rule]:
+    def of(wanted: str) -> dict[OpOverload, Rule]:
         found = ((_resolved(op), fn) for (dev, kind, op), fn in _RULES.items() if dev in (device, "any")
                  and kind == wanted)
         return {op: fn for op, fn in found if op is not None}
@@ -141,7 +143,7 @@ def rules_for(device: str, extra: Mapping[torch._ops.OpOverload, Rule] | None = 
                      value_kernels=of("value_kernel"))
 
 
-def _resolved(op: torch._ops.OpOverload | str) -> torch._ops.OpOverload | None:
+def _resolved(op: OpOverload | str) -> OpOverload | None:
     """``op`` itself, or the op a name stands for once its library registered it (else None)."""
     if not isinstance(op, str):
         return op
@@ -152,7 +154,7 @@ def _resolved(op: torch._ops.OpOverload | str) -> torch._ops.OpOverload | None:
     except (AttributeError, RuntimeError):  # the library is not loaded
         return None
     found = getattr(packet, overload, None)
-    return found if isinstance(found, torch._ops.OpOverload) else None
+    return found if isinstance(found, OpOverload) else None
 
 
 def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:

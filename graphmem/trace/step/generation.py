@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
+from graphmem._torch_api import tree_flatten
 from graphmem.errors import UserInputError
 
 __all__ = ["prefill", "decode_with_full_cache", "cache_tensors"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_flatten
 
+from graphmem._torch_api import tree_flatten
 from graphmem.errors import TraceError, UnsupportedError, UserInputError
 from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer
 

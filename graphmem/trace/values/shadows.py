@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import hint_of, is_fake, unset_fake_temporarily
+from graphmem._torch_api import hint_of, is_fake, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.job.spec import ROUTINGS
 from graphmem.job.values import UNINITIALISED
 
