@@ -364,7 +364,7 @@ def test_cuda_calls_in_init(runs: dict[str, Run], device: str) -> None:
 
 
 def _tracer_wraps_the_step() -> bool:
-    return "cuda_calls_on_cpu" in (ROOT / "graphmem" / "trace" / "tracer.py").read_text()
+    return "cuda_calls_on_cpu" in (ROOT / "graphmem" / "trace" / "recording.py").read_text()
 
 
 @pytest.mark.xfail(not _tracer_wraps_the_step(), strict=True,
