@@ -24,12 +24,12 @@ __version__ = "0.1.0"
 
 __all__ = ["analyze", "analyze_curve", "Category", "GraphmemError", "InputSpec", "Job", "Lifetime", "MemoryReport",
            "ModeReport", "OutputError", "PeakCurve", "PeakInfo", "PhasePeak", "StepConfig", "TraceError",
-           "UnsupportedError", "UserInputError", "make_job", "parse_input_spec", "__version__"]
+           "UnsupportedError", "UserInputError", "make_job", "parse_input_spec", "run_program", "__version__"]
 
 # Imported on first use (PEP 562), so that the command line starts without torch: its
 # supervising process never needs it (graphmem.cli.supervisor).
 _WHERE = {
-    "graphmem.api": ("PeakCurve", "analyze", "analyze_curve"),
+    "graphmem.api": ("PeakCurve", "analyze", "analyze_curve", "run_program"),
     "graphmem.errors": ("GraphmemError", "OutputError", "TraceError", "UnsupportedError", "UserInputError"),
     "graphmem.job": ("InputSpec", "Job", "StepConfig", "make_job", "parse_input_spec"),
     "graphmem.memory.results": ("Category", "Lifetime", "MemoryReport", "ModeReport", "PeakInfo", "PhasePeak"),
@@ -37,7 +37,7 @@ _WHERE = {
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
 if TYPE_CHECKING:
-    from graphmem.api import PeakCurve, analyze, analyze_curve
+    from graphmem.api import PeakCurve, analyze, analyze_curve, run_program
     from graphmem.errors import GraphmemError, OutputError, TraceError, UnsupportedError, UserInputError
     from graphmem.job import InputSpec, Job, StepConfig, make_job, parse_input_spec
     from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
 __all__ = [
+    "fakes_take_foreach_paths",
     "DATA_DEPENDENT_ERRORS",
     "DynamicOutputShapeException",
     "OP_ERRORS",
@@ -268,3 +269,22 @@ def pipeline_inference_mode() -> Any:
     from torch.distributed.pipelining._utils import InferenceMode
 
     return InferenceMode
+
+
+@contextlib.contextmanager
+def fakes_take_foreach_paths() -> Iterator[None]:
+    """Fake tensors count as plain tensors where torch picks its foreach kernels (the optimizers'
+    default implementation, clip_grad_norm_): a program on fakes takes the path it takes on
+    real tensors (as DTensor registers itself in the same two lists)."""
+    import torch.optim.optimizer as optimizer
+    import torch.utils._foreach_utils as foreach_utils
+
+    lists: list[list[Any]] = [optimizer._foreach_supported_types, foreach_utils._foreach_supported_types]
+    added = [kinds for kinds in lists if FakeTensor not in kinds]
+    for kinds in added:
+        kinds.append(FakeTensor)
+    try:
+        yield
+    finally:
+        for kinds in added:
+            kinds.remove(FakeTensor)

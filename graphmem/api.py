@@ -20,6 +20,7 @@ from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import Job, make_job
 from graphmem.job.load import ModelSource, construct_model, resolve_target
+from graphmem.job.program import Program, make_program
 from graphmem.job.spec import (
     GenerateSpec,
     InputSpec,
@@ -35,11 +36,11 @@ from graphmem.memory.liveness import POLICIES, compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
 from graphmem.records import Phase, Trace
-from graphmem.trace import CudaKernels, distinct_ranks, forks_ranks, record_ranks, record_step, trace_at
+from graphmem.trace import CudaKernels, distinct_ranks, forks_ranks, record_ranks, record_step, trace_at, trace_program
 from graphmem.trace.rules import Rule, RuleTable, rules_for
 from graphmem.workers import fork_map, processes
 
-__all__ = ["PeakCurve", "analyze", "analyze_curve"]
+__all__ = ["PeakCurve", "analyze", "analyze_curve", "run_program"]
 
 
 def analyze(job: Job | str | ModelSource | None = None,
@@ -306,6 +307,40 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
                         parallel=job.parallel.text if job.parallel else None,
                         loss=step.loss if train is not None else None,
                         trained=count_trained(module, _finetune_text(job)) if train is not None else None)
+
+
+def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
+                device: str = "cpu", policy: str = "observed") -> MemoryReport:
+    """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
+    MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
+    tensor it makes a fake one (graphmem.trace.program).
+
+    Args:
+        program: a ``Program``, or the script's path (the module's name with ``module``).
+        argv: the program's own arguments.
+        steps: optimizer steps to record (any torch.optim optimizer's ``step``).
+        device: ``cpu``: bytes as PyTorch's CPU execution allocates them.
+        policy: storage release policy (graphmem.memory.liveness).
+
+    Returns:
+        A MemoryReport whose ``train`` is the whole run: ``iteration_peaks`` per optimizer step.
+
+    Raises:
+        UserInputError: no such script, or ``steps`` < 1.
+        TraceError: the program raised, or ended before its first optimizer step.
+    """
+    if device != "cpu":
+        raise UserInputError(f"graphmem run: --device {device} is not supported yet; the program runs on the CPU "
+                             "target (--device cpu)")
+    if isinstance(program, str):
+        program = make_program(program, tuple(argv), module=module, steps=steps)
+    progress.show(f"running {program.command}")
+    traced = trace_program(program, device=device)
+    progress.show(f"analysing {len(traced.trace.ops):,} ops")
+    report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy),
+                               {str(op) for op in rules_for(device).scratch})
+    return MemoryReport(target=traced.models[0] if traced.models else program.target, device=device, inputs=(),
+                        inference=None, train=report, program=program.command)
 
 
 def _finetune_text(job: Job) -> str | None:

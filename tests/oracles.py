@@ -186,6 +186,43 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     return Measured(counter.peak, dict(counter.phase_peaks))
 
 
+class _Stop(BaseException):
+    pass
+
+
+def measure_program(script: str, argv: Sequence[str] = (), steps: int = 2) -> Measured:
+    """Run ``python SCRIPT ARGV`` for real, counting live storages from its first line, until
+    its ``steps``-th optimizer step returns (torch.optim's global post-step hook stops it).
+    ``phase_peaks``: "step N" -> the peak from the end of step N-1 to the end of step N."""
+    import os
+    import runpy
+    import sys
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    counter = LiveStorages()
+    done = [0]
+    counter.phase = "step 1"
+
+    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+        done[0] += 1
+        if done[0] >= steps:
+            raise _Stop
+        counter.phase = f"step {done[0] + 1}"
+
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    handle = register_optimizer_step_post_hook(after_step)
+    try:
+        with counter, contextlib.suppress(_Stop):
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        handle.remove()
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
+    return Measured(counter.peak, dict(counter.phase_peaks))
+
+
 def _loss(out: Any, loss: str, targets: list[torch.Tensor]) -> torch.Tensor:
     if loss == "auto" and isinstance(getattr(out, "loss", None), torch.Tensor):
         return out.loss  # transformers style: the model computed it from labels

@@ -20,13 +20,14 @@ from typing import Any
 import click
 
 from graphmem import __version__
-from graphmem.api import analyze
+from graphmem.api import analyze, run_program
 from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
 from graphmem.cli.options import ParsedType, job_from, job_options, output_options
 from graphmem.cli.process import GraphmemGroup, print_result, raise_if_interrupted, user_output_to_stderr
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import UserInputError
 from graphmem.job.job import ANALYSIS_MODES, Job
+from graphmem.job.program import make_program
 from graphmem.job.spec import input_symbol, parse_sweep
 from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
 from graphmem.preflight.check import PREFLIGHT_MODES, search_largest, sweep
@@ -34,7 +35,7 @@ from graphmem.preflight.plan import make_plan
 from graphmem.preflight.verdict import check
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
 from graphmem.report.files import StagedFiles, staged_files
-from graphmem.report.header import setup_of
+from graphmem.report.header import Setup, setup_of
 from graphmem.report.html import check_html_path, render_html
 from graphmem.report.plan_table import PLAN_RENDERERS
 from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, SWEEP_RENDERERS, Context
@@ -159,6 +160,61 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
 
     def files(staged: StagedFiles) -> None:
         write_files(report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth,
+                    units=units, staged=staged)
+        if html is not None:
+            Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
+
+    _write(text, output, debug, files)
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-m", "module", metavar="MODULE", default=None,
+              help="Run a module as `python -m MODULE ARGS` does (PROGRAM is then its first argument).")
+@click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Optimizer steps to record; the program is stopped after the last (its finally blocks run).")
+@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True,
+              help="The target the program's tensors are on: cpu, bytes as PyTorch's CPU execution "
+                   "allocates them.")
+@output_options(list(RENDERERS))
+@click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Levels of the module tree in the per-module table and the JSON.")
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="How many of the largest tensors live at the peak to list.")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also draw live bytes over the run, stacked by category, to FILE.svg|.png|.html "
+                   "(needs matplotlib: pip install 'graphmem[viz]').")
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write the predicted allocations as a PyTorch memory snapshot FILE.pickle.")
+@click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+              help="Also write one self-contained page FILE.html.")
+@click.argument("program", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run_command(module: str | None, steps: int, device: str, fmt: str, units: str, output: str | None,
+                debug: bool, depth: int, top: int, timeline: str | None, snapshot: str | None, html: str | None,
+                program: str | None, args: tuple[str, ...]) -> None:
+    """Run a training program, unchanged, and predict its memory: graphmem run [OPTIONS] SCRIPT.py [ARGS]...
+
+    Everything after SCRIPT.py (or -m MODULE) is the program's own argv, as with python. The
+    program runs from its first line with every tensor it makes a fake one (no memory, no
+    weights), up to the end of its --steps-th optimizer step; the report covers the whole run:
+    model building, data, the steps and whatever the program keeps between them.
+
+    Example: graphmem run examples/train_loop.py --batch-size 32
+    """
+    _distinct(output=output, timeline=timeline, snapshot=snapshot, html=html)
+    if module is None and program is None:
+        raise click.UsageError("give the program to run: graphmem run SCRIPT.py [ARGS]... "
+                               "or graphmem run -m MODULE [ARGS]...")
+    target, argv = (module, (*([program] if program else []), *args)) if module else (program, args)
+    assert target is not None
+    with _analysis(debug):
+        report = run_program(make_program(target, tuple(argv), module=module is not None, steps=steps), device=device)
+        train = report.train
+        setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none")
+        text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup)
+
+    def files(staged: StagedFiles) -> None:
+        write_files(report, timeline=timeline, snapshot=snapshot, dot=None, collapse="auto", depth=depth,
                     units=units, staged=staged)
         if html is not None:
             Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")

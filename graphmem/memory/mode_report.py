@@ -82,6 +82,8 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
     op = trace.ops[step]
     steps = reference_steps(trace)
     persistent = live_by_category(lifetimes, -1)
+    if not persistent[Category.PARAMETER]:  # a program builds its model as it runs (graphmem run): at its end
+        persistent = live_by_category(lifetimes, len(trace.ops) - 1)
     return ModeReport(
         mode=trace.mode, optimizer=trace.optimizer, peak_bytes=timeline[step],
         peak=PeakInfo(step=step, op=op.op, module=charged_module(op), phase=str(op.phase), iteration=op.iteration),

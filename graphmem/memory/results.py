@@ -142,6 +142,7 @@ class MemoryReport:
     parallel: str | None = None  # --parallel: the strategies and degrees, e.g. "fsdp=8"
     loss: str | None = None  # training: the --loss the step used
     trained: TrainedParameters | None = None  # training: how many parameters train (--freeze, --lora)
+    program: str | None = None  # graphmem run: the command that ran (``target``: its first model's class)
 
     @property
     def ratio(self) -> float | None:

@@ -236,7 +236,8 @@ def render_header(title: str, target: str, inputs: Sequence[str], device: str, *
         fmt: bytes as text (the ``--units`` of the command).
         setup: the job's settings (None: only what the report shows).
     """
-    rows = [["model", target]]
+    program = report.program if report is not None else None
+    rows = [["program", program], ["model", target]] if program else [["model", target]]
     generate = report.generate.prefill if report and report.generate else None
     modes = [m for m in ((report.train, report.inference, generate) if report else ()) if m is not None]
     if modes:

@@ -57,6 +57,7 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10,
         "schema_version": SCHEMA_VERSION,
         "graphmem_version": __version__,
         "target": report.target,
+        **({"program": report.program} if report.program else {}),
         "device": report.device,
         "inputs": list(report.inputs),
     }

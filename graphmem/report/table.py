@@ -39,7 +39,8 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     modes = [m for m in (report.inference, report.train) if m is not None]
     root = report.target.rpartition(":")[2] or report.target
     head = [""] + [_title(m) for m in modes]
-    parts = [render_header("graphmem analyze", report.target, report.inputs, report.device,
+    title = "graphmem run" if report.program else "graphmem analyze"
+    parts = [render_header(title, report.target, report.inputs, report.device,
                            gpu=report.gpu.name if report.gpu else None, report=report, parallel=report.parallel,
                            fmt=fmt, setup=setup)]
     summary = [["peak"] + [fmt(m.peak_bytes) for m in modes]]

@@ -77,7 +77,7 @@ from graphmem.trace.step.replica import optimizer_scalar_reads
 from graphmem.trace.values.shadows import PREDICTED_BOXES, TARGETS, default_assumption, describe
 from graphmem.trace.values.targets import BOXES, DEFAULT_BOXES, detection_targets, predicted_boxes
 
-__all__ = ["trace_step", "MODES"]
+__all__ = ["trace_step", "MODES", "saving"]
 
 MODES = ("inference", "train", "prefill", "decode")
 GENERATION_MODES = ("prefill", "decode")
@@ -478,7 +478,7 @@ def _run_training(model: nn.Module, inner: nn.Module, args: list[Any], kwargs: d
     loop = _Loop(model, inner, args, kwargs, recorder, step, device, autocast, zero, fork)
     # micro-steps after the second repeat it exactly (same tensors, gradients resident)
     micro_steps = min(step.grad_accum, 2)
-    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
+    with torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), \
             _checkpointed(inner, step, recorder):
         for iteration in range(step.iterations):
             recorder.iteration = iteration
@@ -549,7 +549,7 @@ def _run_pipeline(pipeline: _Pipeline, args: list[Any], kwargs: dict[str, Any], 
         if hasattr(owner, name):
             setattr(owner, name, _in_phase(recorder, phase, getattr(owner, name)))
     targets: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(_saving(recorder), lambda t: t), \
+    with torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), \
             _checkpointed(inner, step, recorder), pipeline_warmup_known():
         for iteration in range(step.iterations):
             recorder.iteration = iteration
@@ -727,7 +727,7 @@ def _checkpoint_call(forward: Any, path: str, recorder: Recorder, context: Calla
     return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)
 
 
-def _saving(recorder: Recorder) -> Any:
+def saving(recorder: Recorder) -> Any:
     """The pack hook: note the storage as saved for backward.
 
     It returns a detached alias, not the tensor itself: a saved output that held itself would

@@ -216,6 +216,8 @@ class Recorder(TorchDispatchMode):
         self._dtype_checked: dict[Any, str] = {}
         self.kept: float | None = None  # --assume nonzero=F: value-dependent sizes at F of their most
         self.read_value: int | None = None  # --assume reads=N: a read of unknown values gives N
+        self.held = _HELD  # roles whose tensors graphmem holds for the whole recording (none in a program)
+        self.read_note = ""  # how the notes say where read_value came from, when not from --assume reads=N
         self.declared: dict[str, set[str]] = {}  # where it answered (the model's line) -> modules
         # sizes as symbols (graphmem.trace.symbolic): op index -> (scratch bytes, flops) as
         # expressions, for the ops where either is one
@@ -257,7 +259,7 @@ class Recorder(TorchDispatchMode):
         parameter it belongs to (for gradients and optimizer state)."""
         rec = self.track(t, created=len(self.ops) - 1 if self.ops else -1)
         rec.roles.add(role)
-        if role in _HELD and rec.released is None:  # held by graphmem itself: never released
+        if role in self.held and rec.released is None:  # held by graphmem itself: never released
             self._polled.discard(rec.cdata)
         if label and not rec.label:
             rec.label = label
@@ -495,6 +497,9 @@ class Recorder(TorchDispatchMode):
 
     def declared_notes(self) -> list[str]:
         """The report's notes on ``--assume reads=N``: each line of the model's code it answered."""
+        if self.read_note:
+            return [f"{self.read_note}: {what}{f' ({len(modules)} places)' if len(modules) > 1 else ''}"
+                    for what, modules in self.declared.items()]
         return [f"a value the model computes and reads was taken as declared with --assume reads={self.read_value}: "
                 f"{what}{f' (in {len(modules)} modules)' if len(modules) > 1 else ''}; the peak holds for that value"
                 for what, modules in self.declared.items()]

@@ -1,0 +1,359 @@
+"""A training program recorded as it runs (``graphmem run``).
+
+Input: a script (or ``-m`` module), its own argv, how many optimizer steps to record.
+Output: a ``ProgramTrace``: the ``Trace`` of every aten op the program dispatched from its
+first line to the end of its K-th optimizer step, and what the run did (steps, how it ended,
+what was left out).  Knows nothing of categories, peaks, reports or the command line.
+
+How: the program runs as ``python SCRIPT ARGS`` would run it (``__main__``, ``sys.argv``,
+``sys.path[0]``) under the recording fake mode with the ``Recorder`` on top, so every tensor
+it makes is a fake one (no memory, no weights) and every op is seen.  Global hooks give the
+books what analyze's driver knows by construction: a module called from outside any module is
+a model (its parameters and buffers named from it, its tensor arguments the inputs, its outputs
+the outputs), autograd's ``backward`` is the backward phase, the optimizer's step (any
+torch.optim optimizer) the optimizer phase, its gradients and its state named there.  After
+the K-th step the program is stopped with an exception no ``except Exception`` catches, so its
+``finally`` blocks run (unrecorded).
+
+Values: a fake tensor holds none.  A value the optimizer step reads (Adam's step count) comes
+from a real copy of the program's optimizer on one-element parameters, stepped alongside it
+(graphmem.trace.step.replica's idea); any other read (``loss.item()`` for a log line) is taken
+as 0 and noted, with the program's line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.weak import WeakIdKeyDictionary
+
+from graphmem._torch_api import (
+    TorchDispatchMode,
+    fakes_take_foreach_paths,
+    is_fake,
+    quiet_fake_tensor_logs,
+    tree_flatten,
+    unset_fake_temporarily,
+)
+from graphmem.errors import TraceError
+from graphmem.job.program import Program
+from graphmem.records import Phase, Role, Trace
+from graphmem.trace.core.fake_mode import recording_fake_mode
+from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.recording import saving
+from graphmem.trace.rules import rules_for
+
+__all__ = ["ProgramTrace", "trace_program"]
+
+_READ = torch.ops.aten._local_scalar_dense.default
+
+
+@dataclass(frozen=True)
+class ProgramTrace:
+    """The recording of a program, and how its run went."""
+
+    trace: Trace
+    steps: int  # optimizer steps recorded
+    stopped: bool  # stopped after the steps asked for (else: the program ended by itself)
+    models: tuple[str, ...]  # the classes of the modules it called, in order of first call
+    optimizers: tuple[str, ...]  # the classes of the optimizers it stepped
+
+
+class _Enough(BaseException):
+    """Raised at the end of the last optimizer step recorded; not an Exception, so the program's
+    ``except Exception`` blocks let it through and its ``finally`` blocks run."""
+
+
+class _Reads(TorchDispatchMode):
+    """Collects the values a real optimizer step reads (``.item()``), in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func == _READ:
+            self.values.append(out)
+        return out
+
+
+class _Books:
+    """The program's models, parameters, optimizers and steps, seen through global hooks."""
+
+    def __init__(self, recorder: Recorder, steps: int) -> None:
+        self.recorder, self.steps = recorder, steps
+        self.done = 0
+        self.paths: dict[int, str] = {}  # id(module) -> its path in the model it belongs to
+        self.models: list[str] = []
+        self.optimizers: list[str] = []
+        self.params: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> its name
+        self.replicas: dict[int, torch.optim.Optimizer | None] = {}
+        self.reads: dict[str, int] = {}  # the program's line -> reads answered there
+
+    # -- modules ----------------------------------------------------------------------
+    def adopt(self, model: nn.Module) -> None:
+        """A module called from outside any module: a model.  Its modules get paths (the first
+        model's from the root, as analyze names them; a later one's under its class name) and
+        its parameters and buffers their names."""
+        prefix = f"{type(model).__name__}." if self.models else ""
+        self.models.append(type(model).__name__)
+        for name, module in model.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(module), (prefix + name).rstrip(".") if name or prefix else "")
+        for name, p in model.named_parameters():
+            self.parameter(p, prefix + name)
+        for name, b in model.named_buffers():
+            if b is not None:
+                self.recorder.mark(b, Role.BUFFER, prefix + name, owner=prefix + name)
+
+    def parameter(self, p: torch.Tensor, name: str) -> None:
+        if p not in self.params:
+            self.params[p] = name
+            self.recorder.mark(p, Role.PARAMETER, name, owner=name)
+
+    def forward_pre(self, module: nn.Module, args: Any) -> None:
+        recorder = self.recorder
+        if not recorder.module_stack:  # called by the program itself
+            if id(module) not in self.paths:
+                self.adopt(module)
+            if recorder.phase != Phase.BACKWARD or not torch.is_grad_enabled():
+                recorder.phase = Phase.FORWARD
+            for t in tree_flatten(args)[0]:
+                if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
+                    recorder.mark(t, Role.INPUT, "batch")
+        recorder.module_stack.append(self.paths.get(id(module), type(module).__name__))
+
+    def forward_post(self, module: nn.Module, args: Any, out: Any) -> None:
+        recorder = self.recorder
+        if recorder.module_stack:
+            recorder.module_stack.pop()
+        if not recorder.module_stack and recorder.phase == Phase.FORWARD:
+            leaves = out.to_tuple() if hasattr(out, "to_tuple") else out
+            for t in tree_flatten(leaves)[0]:
+                if isinstance(t, torch.Tensor):
+                    recorder.mark(t, Role.OUTPUT)
+            recorder.phase = Phase.LOSS  # the program's code between the forward and the backward
+
+    # -- backward ---------------------------------------------------------------------
+    def gradients(self) -> None:
+        for p, name in list(self.params.items()):
+            if p.grad is not None:
+                self.recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
+
+    # -- the optimizer ----------------------------------------------------------------
+    def step_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        recorder = self.recorder
+        if self._is_replica(opt):
+            return
+        if type(opt).__name__ not in self.optimizers:
+            self.optimizers.append(type(opt).__name__)
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                self.parameter(p, f"param_groups[{g}][{i}]")
+        self.gradients()
+        recorder.phase = Phase.OPTIMIZER
+        recorder.scalar_reads, recorder._read_index = self._replica_reads(opt), 0
+
+    def step_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        recorder = self.recorder
+        if self._is_replica(opt):
+            return
+        for p, state in opt.state.items():
+            name = self.params.get(p, "") if isinstance(p, torch.Tensor) else ""
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
+        recorder.poll()
+        self.done += 1
+        if self.done >= self.steps:
+            recorder._silent = True  # the program's finally blocks run unrecorded
+            raise _Enough
+        recorder.iteration = self.done
+        recorder.phase = Phase.FORWARD
+
+    def _is_replica(self, opt: torch.optim.Optimizer) -> bool:
+        return any(opt is replica for replica in self.replicas.values())
+
+    def _replica_reads(self, opt: torch.optim.Optimizer) -> list[Any]:
+        """What this step of ``opt`` reads, from its real copy on one-element parameters (made at
+        the first step, stepped with zero gradients at each); none when it cannot be copied."""
+        key = id(opt)
+        with unset_fake_temporarily(), self.recorder.silenced():
+            if key not in self.replicas:
+                self.replicas[key] = _replica(opt)
+            replica = self.replicas[key]
+            if replica is None:
+                return []
+            reads = _Reads()
+            with reads:
+                for group in replica.param_groups:
+                    for p in group["params"]:
+                        p.grad = torch.zeros_like(p)
+                replica.step()
+            return reads.values
+
+
+def _replica(opt: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [nn.Parameter(torch.zeros([1] * p.dim())) for p in group["params"]]}
+              for group in opt.param_groups]
+    try:
+        return type(opt)(groups, **_required(opt))
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _required(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """Constructor arguments a param group does not carry (none for torch.optim's optimizers)."""
+    return {}
+
+
+def _applying(original: Any, recorder: Recorder) -> Any:
+    """``Module._apply`` (behind ``.to()``, ``.half()``, ``.cuda()``) for the program's fake
+    parameters: torch swaps a fake parameter's contents with the converted one's, which a tensor
+    the recorder watches refuses; here a converted parameter replaces its module's (as with
+    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``), an unchanged one stays."""
+    def apply(module: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
+        if not any(isinstance(t, torch.Tensor) and is_fake(t) for t in own):
+            result: nn.Module = original(module, fn, recurse)
+            return result
+        if recurse:
+            for child in module.children():
+                child._apply(fn)
+        with torch.no_grad():
+            for key, param in module._parameters.items():
+                if param is None:
+                    continue
+                new = fn(param)
+                if new is not param:
+                    grad = param.grad
+                    module._parameters[key] = nn.Parameter(new, param.requires_grad)
+                    if grad is not None:
+                        module._parameters[key].grad = fn(grad)  # type: ignore[union-attr]
+            for key, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[key] = fn(buffer)
+        recorder.poll(everything=True)  # the converted-from tensors died here
+        return module
+    return apply
+
+
+@contextlib.contextmanager
+def _hooks(books: _Books) -> Iterator[None]:
+    recorder = books.recorder
+    backward, grad = torch.autograd.backward, torch.autograd.grad
+
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        recorder.phase = Phase.BACKWARD
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            books.gradients()
+
+    def run_grad(*args: Any, **kwargs: Any) -> Any:
+        before, recorder.phase = recorder.phase, Phase.BACKWARD
+        try:
+            return grad(*args, **kwargs)
+        finally:
+            recorder.phase = before
+
+    handles = [nn.modules.module.register_module_forward_pre_hook(books.forward_pre),
+               nn.modules.module.register_module_forward_hook(books.forward_post, always_call=True),
+               register_optimizer_step_pre_hook(books.step_pre),
+               register_optimizer_step_post_hook(books.step_post)]
+    torch.autograd.backward, torch.autograd.grad = run_backward, run_grad
+    compile_, apply = torch.compile, nn.Module._apply
+    torch.compile = _eager_compile
+    nn.Module._apply = _applying(apply, recorder)  # type: ignore[method-assign]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), fakes_take_foreach_paths():
+            yield
+    finally:
+        torch.autograd.backward, torch.autograd.grad = backward, grad
+        torch.compile, nn.Module._apply = compile_, apply  # type: ignore[method-assign]
+        for handle in handles:
+            handle.remove()
+
+
+def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile``: the program's code runs eagerly (as ``torch.compile(..., backend="eager")``
+    without the graph capture)."""
+    if model is None:
+        return lambda fn: fn
+    return model
+
+
+@contextlib.contextmanager
+def _as_main(program: Program) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program; restored after."""
+    argv, path = sys.argv[:], sys.path[:]
+    sys.argv = [program.target, *program.argv]
+    sys.path.insert(0, os.getcwd() if program.module else os.path.dirname(os.path.abspath(program.target)))
+    try:
+        yield
+    finally:
+        sys.argv[:], sys.path[:] = argv, path
+
+
+def trace_program(program: Program, *, device: str = "cpu") -> ProgramTrace:
+    """Run ``program`` under the recorder until its ``program.steps``-th optimizer step ends.
+
+    Raises:
+        TraceError: the program raised (its own frames named), or ended or exited before its
+            first optimizer step.
+    """
+    recorder = Recorder(rules_for(device))
+    recorder.held = frozenset()  # the program holds its own tensors: each dies when it lets go of it
+    recorder.read_value = 0  # a value the program reads (loss.item()): see the module docstring
+    recorder.read_note = "the program read a value of a tensor, taken as 0"
+    books = _Books(recorder, program.steps)
+    fake_mode = recording_fake_mode()
+    stopped, exited = False, None
+    with _as_main(program), quiet_fake_tensor_logs(), fake_mode, recorder, _hooks(books):
+        try:
+            if program.module:
+                runpy.run_module(program.target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(program.target, run_name="__main__")
+        except _Enough:
+            stopped = True
+        except SystemExit as exc:
+            exited = exc.code
+        except Exception as exc:
+            raise TraceError(_failure(program, exc, books.done)) from exc
+        finally:
+            recorder._silent = False
+    recorder.poll(everything=True)
+    if books.done == 0:
+        how = "ended" if exited in (None, 0) else f"exited with {exited!r}"
+        raise TraceError(f"{program.command} {how} before its first optimizer step: nothing to analyse. "
+                             "graphmem run records a training program up to --steps optimizer steps")
+    notes = list(recorder.declared_notes())
+    if not stopped:
+        notes.append(f"the program ended after {books.done} optimizer step{'s' * (books.done > 1)} "
+                     f"(--steps {program.steps} asked for more)")
+    trace = Trace(mode="train", fx=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
+                  optimizer=books.optimizers[0] if books.optimizers else None, assumptions=tuple(notes))
+    return ProgramTrace(trace=trace, steps=books.done, stopped=stopped, models=tuple(books.models),
+                        optimizers=tuple(books.optimizers))
+
+
+def _failure(program: Program, exc: BaseException, steps: int) -> str:
+    """The program's error, its traceback cut to the program's own frames (not torch's, not
+    graphmem's, not runpy's)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not any(part in f.filename for part in ("/torch/", "/graphmem/", "runpy.py", "<frozen"))]
+    where = "".join(f"\n  {f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in frames[-5:])
+    after = f" after {steps} optimizer step{'s' * (steps != 1)}"
+    return f"{program.command} raised {type(exc).__name__}: {str(exc).strip()}{after}{where}"

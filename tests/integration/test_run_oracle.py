@@ -1,0 +1,94 @@
+"""graphmem run against the same program run for real (tests/oracles.py: live storages counted op
+by op from the program's first line to the end of its K-th optimizer step): the peak and each
+step's peak to the byte."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphmem import run_program
+from graphmem.cli import main
+from tests.conftest import ROOT
+from tests.oracles import measure_program
+
+PROGRAMS = ROOT / "tests" / "programs"
+
+
+
+def _equal(script: Path, argv: list[str], steps: int = 2) -> None:
+    real = measure_program(str(script), argv, steps)
+    predicted = run_program(str(script), argv, steps=steps).train
+    assert predicted is not None
+    assert predicted.peak_bytes == real.peak_bytes
+    assert list(predicted.iteration_peaks) == [real.phase_peaks[f"step {k + 1}"] for k in range(steps)]
+
+
+def test_plain_loop_that_prefetches_the_next_batch() -> None:
+    """The next batch is fetched between the forward and the backward: two batches live."""
+    _equal(ROOT / "examples" / "train_loop.py", ["--batch-size", "32", "--hidden", "1024"])
+
+
+def test_program_keeping_its_own_tensors() -> None:
+    """A CPU cache of logits, clip_grad_norm_, a schedule, an evaluation forward, SGD momentum."""
+    _equal(PROGRAMS / "own_tensors.py", ["--batch-size", "8"], steps=3)
+
+
+def test_hf_trainer_script(tmp_path: Path) -> None:
+    """transformers' Trainer (loss only kept, logits freed before backward), max_steps=2."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers.trainer")  # imported before both: its import-time tensors count in neither
+    _equal(PROGRAMS / "hf_trainer.py", [str(tmp_path / "out")])
+
+
+def test_module_form_runs_as_python_m(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-m MODULE: found from the working folder, as python -m finds it; the same bytes as the script."""
+    package = tmp_path / "trainpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text((ROOT / "examples" / "train_loop.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    argv = ["--batch-size", "4", "--hidden", "256"]
+    real = measure_program(str(package / "train.py"), argv, 2)
+    predicted = run_program("trainpkg.train", argv, module=True).train
+    assert predicted is not None and predicted.peak_bytes == real.peak_bytes
+
+
+def test_fewer_steps_than_asked_are_reported() -> None:
+    report = run_program(str(ROOT / "examples" / "train_loop.py"), ["--steps", "1", "--hidden", "64"], steps=3)
+    assert report.train is not None
+    assert any("ended after 1 optimizer step" in note for note in report.train.assumptions)
+    real = measure_program(str(ROOT / "examples" / "train_loop.py"), ["--steps", "1", "--hidden", "64"], 3)
+    assert report.train.peak_bytes == real.peak_bytes
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """Exit code, standard output (the report), both streams (the program prints to stderr)."""
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.output
+
+
+def test_cli_json_names_the_program_and_its_model() -> None:
+    code, out, both = _cli("run", "--format", "json", str(ROOT / "examples" / "train_loop.py"), "--hidden", "64")
+    assert code == 0, both
+    data = json.loads(out)
+    assert data["program"].endswith("train_loop.py --hidden 64") and data["target"] == "Sequential"
+    real = measure_program(str(ROOT / "examples" / "train_loop.py"), ["--hidden", "64"], 2)
+    assert data["train"]["peak_bytes"] == real.peak_bytes
+
+
+def test_cli_errors() -> None:
+    code, _, out = _cli("run", str(PROGRAMS / "raises.py"))
+    assert code == 3 and "raised ValueError: the data folder is missing after 1 optimizer step" in out, out
+    assert "raises.py:7" in out and "Traceback" not in out
+    code, _, out = _cli("run", str(PROGRAMS / "exits.py"))
+    assert code == 3 and "before its first optimizer step: nothing to analyse" in out, out
+    code, _, out = _cli("run", "no/such/train.py")
+    assert code == 2 and "no such program" in out, out
+    code, _, out = _cli("run")
+    assert code == 2 and "give the program to run" in out, out
+    assert sys.argv[0] != "no/such/train.py"  # the program's argv does not leak into graphmem's
