@@ -20,6 +20,7 @@ __all__ = ["Phase", "Role", "OpRecord", "StorageRecord", "SymbolicSizes", "Trace
 class Phase(StrEnum):
     """Where in the step an op runs."""
 
+    PROGRAM = "program"  # graphmem run: the program's own code outside forward, backward and the optimizer
     FORWARD = "forward"
     LOSS = "loss"
     BACKWARD = "backward"

@@ -104,7 +104,7 @@ def model_cuda_allocator(report: ModeReport, gpu: GPU, config: AllocatorConfig,
     extras = scratch_allocations(ops)
     workspace = cublas_workspace_bytes(gpu, cublas_config)
     # one workspace per thread: the first cuBLAS op on the main thread, then in backward
-    for i, threads in enumerate(({Phase.FORWARD, Phase.LOSS, Phase.OPTIMIZER}, {Phase.BACKWARD})):
+    for i, threads in enumerate(({Phase.PROGRAM, Phase.FORWARD, Phase.LOSS, Phase.OPTIMIZER}, {Phase.BACKWARD})):
         first = next((op for op in ops if op.op in CUBLAS_OPS and op.phase in threads), None)
         if first is not None:
             extras.append(ExtraAllocation(first.index, workspace, -(len(ops) + 2 + i), persistent=True))

@@ -15,7 +15,7 @@ from graphmem.units import format_bytes
 __all__ = ["BLOCKS", "PHASE_LETTERS", "render_sparkline", "sparkline"]
 
 BLOCKS = "▁▂▃▄▅▆▇█"
-PHASE_LETTERS = {"forward": "f", "loss": "l", "backward": "b", "optimizer": "o"}
+PHASE_LETTERS = {"program": "p", "forward": "f", "loss": "l", "backward": "b", "optimizer": "o"}
 
 
 def sparkline(values: tuple[int, ...] | list[int], low: int, high: int) -> str:
@@ -43,9 +43,12 @@ def render_sparkline(mode: ModeReport, units: str = "auto", width: int = 64) -> 
     letters = "".join(_letter(str(ops[i].phase), ops[i].iteration) for i in picks)
     # the peak's column: the first column whose pick is at or after the peak op
     column = next(c for c, i in enumerate(picks) if i >= mode.peak.step or c == len(picks) - 1)
+    program = any(op.phase == "program" for op in ops)  # graphmem run: the program's own code too
+    legend = ("p/f/l/b/o = program/forward/loss/backward/optimizer" if program
+              else "f/l/b/o = forward/loss/backward/optimizer")
     header = (f"Live bytes over the {len(ops)} ops ({BLOCKS[0]} {format_bytes(low, units)}, "
-              f"{BLOCKS[-1]} {format_bytes(high, units)}; f/l/b/o = forward/loss/backward/optimizer, "
-              "upper case = iteration 2)")
+              f"{BLOCKS[-1]} {format_bytes(high, units)}; {legend}, upper case = "
+              f"{'step' if program else 'iteration'} 2)")
     caret = " " * column + f"^ peak {format_bytes(mode.peak_bytes, units)} at op {mode.peak.step}"
     return "\n".join([header, sparkline([timeline[i] for i in picks], low, high), letters, caret])
 

@@ -179,7 +179,7 @@ class _Books:
             recorder._silent = True  # the program's finally blocks run unrecorded
             raise _Enough
         recorder.iteration = self.done
-        recorder.phase = Phase.FORWARD
+        recorder.phase = Phase.PROGRAM
 
     def _is_replica(self, opt: torch.optim.Optimizer) -> bool:
         return any(opt is replica for replica in self.replicas.values())
@@ -314,6 +314,7 @@ def trace_program(program: Program, *, device: str = "cpu") -> ProgramTrace:
             first optimizer step.
     """
     recorder = Recorder(rules_for(device))
+    recorder.phase = Phase.PROGRAM
     recorder.held = frozenset()  # the program holds its own tensors: each dies when it lets go of it
     recorder.read_value = 0  # a value the program reads (loss.item()): see the module docstring
     recorder.read_note = "the program read a value of a tensor, taken as 0"

@@ -92,3 +92,13 @@ def test_cli_errors() -> None:
     code, _, out = _cli("run")
     assert code == 2 and "give the program to run" in out, out
     assert sys.argv[0] != "no/such/train.py"  # the program's argv does not leak into graphmem's
+
+
+def test_program_doing_what_analyze_does_gives_analyzes_bytes() -> None:
+    """tests/programs/analyze_step.py writes out the step analyze records for examples/mlp.py:MLP."""
+    from graphmem import analyze
+
+    job = analyze("examples/mlp.py:MLP", ["32x1000"], mode="train", optimizer="adam").train
+    run = run_program(str(PROGRAMS / "analyze_step.py")).train
+    assert job is not None and run is not None
+    assert run.peak_bytes == job.peak_bytes and run.iteration_peaks == job.iteration_peaks
