@@ -56,6 +56,9 @@ from graphmem.trace.rules import rules_for
 __all__ = ["ProgramTrace", "trace_program"]
 
 _READ = torch.ops.aten._local_scalar_dense.default
+# graphmem run's own options, named in the error when a program that refused its argv got one
+_RUN_OPTIONS = frozenset({"--steps", "--device", "--format", "--units", "--output", "-o", "--debug", "--timeout",
+                          "--progress", "--no-progress", "--depth", "--top", "--timeline", "--snapshot", "--html"})
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ class _Books:
         recorder.poll()
         self.done += 1
         if self.done >= self.steps:
+            recorder.poll(everything=True)  # what is live now stays live: the program stops here
             recorder._silent = True  # the program's finally blocks run unrecorded
             raise _Enough
         recorder.iteration = self.done
@@ -335,11 +339,15 @@ def trace_program(program: Program, *, device: str = "cpu") -> ProgramTrace:
             raise TraceError(_failure(program, exc, books.done)) from exc
         finally:
             recorder._silent = False
-    recorder.poll(everything=True)
+    if not stopped:
+        recorder.poll(everything=True)
     if books.done == 0:
         how = "ended" if exited in (None, 0) else f"exited with {exited!r}"
-        raise TraceError(f"{program.command} {how} before its first optimizer step: nothing to analyse. "
-                             "graphmem run records a training program up to --steps optimizer steps")
+        ours = [a for a in program.argv if a.split("=")[0] in _RUN_OPTIONS]
+        hint = (f"; {', '.join(ours)} went to the program: graphmem's own options go before the script "
+                "(everything after it is the program's argv)" if ours else
+                ". graphmem run records a training program up to --steps optimizer steps")
+        raise TraceError(f"{program.command} {how} before its first optimizer step: nothing to analyse{hint}")
     notes = list(recorder.declared_notes())
     if not stopped:
         notes.append(f"the program ended after {books.done} optimizer step{'s' * (books.done > 1)} "
