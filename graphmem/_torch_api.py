@@ -29,6 +29,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
 __all__ = [
+    "data_loading_in_process",
+    "fakes_show_device",
+    "parse_to",
     "fakes_take_foreach_paths",
     "DATA_DEPENDENT_ERRORS",
     "DynamicOutputShapeException",
@@ -288,3 +291,52 @@ def fakes_take_foreach_paths() -> Iterator[None]:
     finally:
         for kinds in added:
             kinds.remove(FakeTensor)
+
+
+@contextlib.contextmanager
+def fakes_show_device(device: torch.device, shown: Callable[[torch.Tensor], bool]) -> Iterator[None]:
+    """A fake tensor for which ``shown(t)`` holds says it is on ``device`` to Python code
+    (``.device``, ``.is_cuda``), so ``torch.zeros(n, device=x.device)`` asks for that device;
+    inside torch's kernels (``in_kernel_invocation``) and where ``shown`` says no, it is on its
+    own fake device as before.  The C++ side (the autograd engine) keeps the fake device."""
+    original = FakeTensor.__dict__["device"]
+
+    def device_of(self: FakeTensor) -> torch.device:
+        own: torch.device = original.fget(self)
+        return device if own.type != "meta" and shown(self) else own
+
+    FakeTensor.device = property(device_of, original.fset)  # type: ignore[method-assign,assignment]
+    FakeTensor.is_cuda = property(lambda self: device_of(self).type == "cuda")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        FakeTensor.device = original  # type: ignore[method-assign]
+        del FakeTensor.is_cuda
+
+
+@contextlib.contextmanager
+def data_loading_in_process(workers: Callable[[int], None]) -> Iterator[None]:
+    """Every ``DataLoader`` loads in the calling process (as with ``num_workers=0``): the same
+    batches in the same order, made where the recording sees them; ``workers(n)`` is told of
+    each loader that asked for ``n`` > 0 worker processes."""
+    from torch.utils.data import dataloader
+
+    original = dataloader.DataLoader._get_iterator
+
+    def in_process(self: Any) -> Any:
+        if self.num_workers:
+            workers(self.num_workers)
+        return dataloader._SingleProcessDataLoaderIter(self)
+
+    dataloader.DataLoader._get_iterator = in_process  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        dataloader.DataLoader._get_iterator = original  # type: ignore[method-assign]
+
+
+def parse_to(*args: Any, **kwargs: Any) -> tuple[torch.device | None, torch.dtype | None, bool, Any]:
+    """``Tensor.to``'s arguments as (device, dtype, non_blocking, memory_format), as torch parses
+    them (``Module.to`` does the same)."""
+    parsed: tuple[torch.device | None, torch.dtype | None, bool, Any] = torch._C._nn._parse_to(*args, **kwargs)
+    return parsed

@@ -18,7 +18,7 @@ from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.finetune import count_trained, prepare_finetuning
-from graphmem.job.job import Job, make_job
+from graphmem.job.job import DEFAULT_GPU, Job, make_job
 from graphmem.job.load import ModelSource, construct_model, resolve_target
 from graphmem.job.program import Program, make_program
 from graphmem.job.spec import (
@@ -36,7 +36,17 @@ from graphmem.memory.liveness import POLICIES, compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
 from graphmem.records import Phase, Trace
-from graphmem.trace import CudaKernels, distinct_ranks, forks_ranks, record_ranks, record_step, trace_at, trace_program
+from graphmem.trace import (
+    CudaKernels,
+    GpuMemory,
+    GpuTarget,
+    distinct_ranks,
+    forks_ranks,
+    record_ranks,
+    record_step,
+    trace_at,
+    trace_program,
+)
 from graphmem.trace.rules import Rule, RuleTable, rules_for
 from graphmem.workers import fork_map, processes
 
@@ -310,7 +320,8 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
 
 def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
-                device: str = "cpu", policy: str = "observed") -> MemoryReport:
+                device: str = "cpu", gpu: str | None = None, alloc_conf: str | None = None, sdpa: str = "auto",
+                policy: str = "observed") -> MemoryReport:
     """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
     MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
     tensor it makes a fake one (graphmem.trace.program).
@@ -319,28 +330,47 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         program: a ``Program``, or the script's path (the module's name with ``module``).
         argv: the program's own arguments.
         steps: optimizer steps to record (any torch.optim optimizer's ``step``).
-        device: ``cpu``: bytes as PyTorch's CPU execution allocates them.
+        device: ``cpu``: bytes as PyTorch's CPU execution allocates them; ``cuda``: the
+            program's "cuda" is the GPU ``gpu`` (a preset; default as for analyze), its
+            memory what the caching allocator reserves.
+        gpu: the GPU preset; implies ``device="cuda"``.
+        alloc_conf: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).
+        sdpa: the attention backend on the GPU (``auto``: PyTorch's choice).
         policy: storage release policy (graphmem.memory.liveness).
 
     Returns:
         A MemoryReport whose ``train`` is the whole run: ``iteration_peaks`` per optimizer step.
 
     Raises:
-        UserInputError: no such script, or ``steps`` < 1.
+        UserInputError: no such script, ``steps`` < 1, an unknown GPU.
         TraceError: the program raised, or ended before its first optimizer step.
     """
-    if device != "cpu":
-        raise UserInputError(f"graphmem run: --device {device} is not supported yet; the program runs on the CPU "
-                             "target (--device cpu)")
+    device = "cuda" if gpu is not None else device
+    if device not in ("cpu", "cuda"):
+        raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
     if isinstance(program, str):
         program = make_program(program, tuple(argv), module=module, steps=steps)
+    scratch = {str(op) for op in rules_for(device).scratch}
+    cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
+    target = None
+    if cuda is not None:
+        kernels = CudaKernels(cuda[0], sdpa)
+
+        def memory(trace: Trace, since: int) -> GpuMemory:
+            stats = model_cuda_allocator(build_mode_report(trace, compute_lifetimes(trace, policy), scratch), *cuda)
+            allocated, reserved = stats.peaks_from(since)
+            return GpuMemory(stats.allocated_end_bytes, stats.reserved_end_bytes, allocated, reserved)
+
+        target = GpuTarget(cuda[0].product, cuda[0].total_memory_bytes, cuda[0].compute_capability, kernels, memory)
     progress.show(f"running {program.command}")
-    traced = trace_program(program, device=device)
+    traced = trace_program(program, gpu=target)
     progress.show(f"analysing {len(traced.trace.ops):,} ops")
-    report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy),
-                               {str(op) for op in rules_for(device).scratch})
+    report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
+    if cuda is not None and target is not None:
+        report = replace(report, allocator=model_cuda_allocator(report, *cuda),
+                         sdpa_backends=dict(target.kernels.backends))
     return MemoryReport(target=traced.models[0] if traced.models else program.target, device=device, inputs=(),
-                        inference=None, train=report, program=program.command)
+                        inference=None, train=report, program=program.command, gpu=cuda[0] if cuda else None)
 
 
 def _finetune_text(job: Job) -> str | None:
@@ -377,10 +407,13 @@ def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeRep
 
 def _cuda_target(job: Job) -> tuple[GPU, AllocatorConfig] | None:
     """The GPU preset and allocator settings of a CUDA target (None for cpu)."""
-    if job.device != "cuda":
-        return None
-    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if job.alloc_conf is None else job.alloc_conf
-    return get_gpu(job.gpu), parse_alloc_conf(text)
+    return _gpu_and_allocator(job.gpu, job.alloc_conf) if job.device == "cuda" else None
+
+
+def _gpu_and_allocator(gpu: str, alloc_conf: str | None) -> tuple[GPU, AllocatorConfig]:
+    """The GPU preset and the allocator settings (``alloc_conf`` None: PYTORCH_CUDA_ALLOC_CONF)."""
+    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
+    return get_gpu(gpu), parse_alloc_conf(text)
 
 
 def _cuda_default_impl(step: StepConfig) -> str:

@@ -24,9 +24,9 @@ from graphmem.api import analyze, run_program
 from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
 from graphmem.cli.options import ParsedType, job_from, job_options, output_options
 from graphmem.cli.process import GraphmemGroup, print_result, raise_if_interrupted, user_output_to_stderr
-from graphmem.cuda.gpus import get_gpu
+from graphmem.cuda.gpus import GPUS, get_gpu
 from graphmem.errors import UserInputError
-from graphmem.job.job import ANALYSIS_MODES, Job
+from graphmem.job.job import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES, Job
 from graphmem.job.program import make_program
 from graphmem.job.spec import input_symbol, parse_sweep
 from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
@@ -172,9 +172,17 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
               help="Run a module as `python -m MODULE ARGS` does (PROGRAM is then its first argument).")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
               help="Optimizer steps to record; the program is stopped after the last (its finally blocks run).")
-@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True,
-              help="The target the program's tensors are on: cpu, bytes as PyTorch's CPU execution "
-                   "allocates them.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="What the program runs on (default: cuda with --gpu, else cpu). cpu: bytes as PyTorch's "
+                   "CPU execution allocates them; cuda: the program's \"cuda\" is --gpu, its memory what the "
+                   "caching allocator reserves (torch.cuda's memory calls in the program answer the same).")
+@click.option("--gpu", default=None, metavar="NAME",
+              help=f"The GPU the program's \"cuda\" is ({', '.join(GPUS)}); implies --device cuda. With "
+                   f"--device cuda alone: {DEFAULT_GPU}.")
+@click.option("--sdpa", type=click.Choice(SDPA_CHOICES), default="auto", show_default=True,
+              help="On the GPU: attention backend; auto is PyTorch's own choice for the GPU and dtype.")
+@click.option("--alloc-conf", default=None, metavar="TEXT",
+              help="On the GPU: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).")
 @output_options(list(RENDERERS))
 @click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
               help="Levels of the module tree in the per-module table and the JSON.")
@@ -189,7 +197,8 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
               help="Also write one self-contained page FILE.html.")
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(module: str | None, steps: int, device: str, fmt: str, units: str, output: str | None,
+def run_command(module: str | None, steps: int, device: str | None, gpu: str | None, sdpa: str,
+                alloc_conf: str | None, fmt: str, units: str, output: str | None,
                 debug: bool, depth: int, top: int, timeline: str | None, snapshot: str | None, html: str | None,
                 program: str | None, args: tuple[str, ...]) -> None:
     """Run a training program, unchanged, and predict its memory: graphmem run [OPTIONS] SCRIPT.py [ARGS]...
@@ -208,7 +217,11 @@ def run_command(module: str | None, steps: int, device: str, fmt: str, units: st
     target, argv = (module, (*([program] if program else []), *args)) if module else (program, args)
     assert target is not None
     with _analysis(debug):
-        report = run_program(make_program(target, tuple(argv), module=module is not None, steps=steps), device=device)
+        if device == "cpu" and gpu is not None:
+            raise UserInputError(f"--gpu {gpu} is a GPU and --device cpu the CPU: give one of them")
+        report = run_program(make_program(target, tuple(argv), module=module is not None, steps=steps),
+                             device=device or "cpu", gpu=gpu or (DEFAULT_GPU if device == "cuda" else None),
+                             sdpa=sdpa, alloc_conf=alloc_conf)
         train = report.train
         setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none")
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup)

@@ -86,6 +86,15 @@ class AllocatorStats:
     # Not the allocator's: what NCCL cudaMallocs for itself on the same GPU (graphmem.cuda.nccl),
     # in neither allocated nor reserved; 0 unless the run is parallel
     nccl_buffer_bytes: int = 0
+    event_steps: tuple[int, ...] = ()  # each replayed event's ``step``
+
+    def peaks_from(self, step: int) -> tuple[int, int]:
+        """(allocated, reserved) peaks from op ``step`` on: the counters as they stood before it and
+        their highest after (``torch.cuda.reset_peak_memory_stats`` just before op ``step``)."""
+        first = next((i for i, s in enumerate(self.event_steps) if s >= step), len(self.event_steps))
+        allocated, reserved = self.allocated_timeline, self.reserved_timeline
+        before = (allocated[first - 1], reserved[first - 1]) if first else (0, 0)
+        return max((before[0], *allocated[first:])), max((before[1], *reserved[first:]))
 
 
 def round_size(nbytes: int, config: AllocatorConfig) -> int:
@@ -241,7 +250,8 @@ def _stats(state: _State, events: Sequence[MemoryEvent], allocated: list[int], r
         reserved_peak_step=events[r_at].step if r_at >= 0 else None,
         allocated_timeline=tuple(allocated), reserved_timeline=tuple(reserved),
         allocated_end_bytes=state.allocated, reserved_end_bytes=state.reserved,
-        num_segments=state.segments, num_device_allocs=state.device_allocs, config=state.config)
+        num_segments=state.segments, num_device_allocs=state.device_allocs, config=state.config,
+        event_steps=tuple(event.step for event in events))
 
 
 def _malloc(state: _State, nbytes: int, stream: int) -> _Block:

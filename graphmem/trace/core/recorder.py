@@ -224,6 +224,10 @@ class Recorder(TorchDispatchMode):
         self.op_sizes: dict[int, tuple[Any, Any]] = {}
         self.bounded = False  # a value-dependent op was recorded at its bound
         self._replaced: list[tuple[torch.Tensor, _Storage, int]] = []  # buffers assigned over: (old, record, at)
+        # graphmem run on a GPU: the storages on the GPU (the rest are the host's, 0 bytes of the
+        # GPU's; see place); None: every storage is the device's
+        self.on_gpu: set[int] | None = None
+        self.dispatching = 0  # > 0 while an op runs (torch's kernels, not the program's code)
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -286,6 +290,28 @@ class Recorder(TorchDispatchMode):
             self.storages.append(new)
             self._live[cdata] = new
             self._polled.add(cdata)
+
+    def place(self, device: Any, in_sids: tuple[int, ...], out_sids: tuple[int, ...]) -> bool:
+        """Where the storages an op made live, with ``on_gpu``: on the GPU when the op was asked
+        for the GPU (``device="cuda"``, a copy to it) or, asked for no device, read a tensor on
+        the GPU; on the host otherwise (an explicit CPU device, or only host inputs).  An output
+        that is an input's storage keeps its place.  Returns whether the op ran on the GPU."""
+        assert self.on_gpu is not None
+        on_gpu = self.on_gpu
+        if isinstance(device, (torch.device, str)):
+            here = torch.device(device).type == "cuda"
+        else:
+            here = any(sid in on_gpu for sid in in_sids)
+        if here:
+            on_gpu.update(sid for sid in out_sids if sid not in in_sids and self.storages[sid].created == len(self.ops))
+        return here or any(sid in on_gpu for sid in out_sids)
+
+    def is_on_gpu(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is on the GPU (with ``on_gpu``; else every tensor is)."""
+        if self.on_gpu is None:
+            return True
+        rec = self._live.get(storage_key(local_tensor(t))[0])
+        return rec is not None and rec.sid in self.on_gpu
 
     def add_placeholder(self, t: torch.Tensor, name: str) -> None:
         node = self.graph.placeholder(name.replace(".", "_"))
@@ -406,6 +432,13 @@ class Recorder(TorchDispatchMode):
         device = kwargs.get("device")
         if isinstance(device, torch.device) and device.type == "cuda":  # the user's device="cuda":
             kwargs = {**kwargs, "device": _FAKES_ON}  # the fakes live on the CPU (graphmem.job.devices)
+        self.dispatching += 1
+        try:
+            return self._dispatch(func, args, kwargs, device)
+        finally:
+            self.dispatching -= 1
+
+    def _dispatch(self, func: Any, args: Any, kwargs: Any, device: Any) -> Any:
         if self._silent or func.namespace in ("prim", "profiler") or func in _SIZE_QUERIES:  # queries, marks
             return func(*args, **kwargs)
         interrupts.check()  # a safe point for Ctrl-C (graphmem.interrupts): an op about to be recorded
@@ -424,6 +457,8 @@ class Recorder(TorchDispatchMode):
         out = self._fix_dtypes(func, args, kwargs, _fresh_outputs(func, self._run(func, args, kwargs)))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_sids = tuple(dict.fromkeys(self.track(t, index).sid for t in out_tensors))
+        if self.on_gpu is not None:
+            scratch = scratch if self.place(device, in_sids, out_sids) else 0
         if func.namespace in _COLLECTIVES:
             for sid in out_sids:
                 self.storages[sid].roles.add(Role.COMMUNICATION)
@@ -628,7 +663,8 @@ class Recorder(TorchDispatchMode):
     def freeze(self) -> tuple[StorageRecord, ...]:
         """The storage records, final; call after the last poll."""
         return tuple(
-            StorageRecord(sid=s.sid, nbytes=s.nbytes, created=s.created, released=s.released,
+            StorageRecord(sid=s.sid, nbytes=s.nbytes if self.on_gpu is None or s.sid in self.on_gpu else 0,
+                          created=s.created, released=s.released,
                           roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
             for s in self.storages)
 

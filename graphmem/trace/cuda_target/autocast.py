@@ -132,8 +132,9 @@ def _packet(name: str) -> OpOverload:
 
 def _autocast_eligible(t: Any) -> bool:
     # is_autocast_eligible: a floating tensor on the autocast device (here the CPU that stands
-    # in for the GPU; fake tensors report it too)
-    return isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_floating_point()
+    # in for the GPU; fake tensors report it too, or cuda where graphmem run shows the program
+    # its GPU tensors so)
+    return isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") and t.is_floating_point()
 
 
 def _is_eligible(t: Any) -> bool:

@@ -26,6 +26,7 @@ dtypes and saved tensors.  The choices, each from the installed torch's source:
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +38,7 @@ from torch.overrides import TorchFunctionMode
 from graphmem._torch_api import sdp_priority_order
 from graphmem.cuda.gpus import GPU
 from graphmem.errors import UserInputError
+from graphmem.patching import patched
 
 __all__ = ["CudaKernels", "select_sdpa_backend"]
 
@@ -102,6 +104,11 @@ class CudaKernels(TorchFunctionMode):
     def __enter__(self) -> CudaKernels:
         self._libraries = contextlib.ExitStack()
         self._libraries.enter_context(_bitsandbytes_int8_as_on_cuda())
+        # called from inside a function torch hands to this mode (F.multi_head_attention_forward,
+        # behind nn.MultiheadAttention and nn.Transformer*), where the mode is off: the name too
+        sdpa = F.scaled_dot_product_attention
+        self._libraries.enter_context(patched((F, "scaled_dot_product_attention",
+                                               functools.partial(self._attention, sdpa))))
         super().__enter__()
         return self
 

@@ -39,6 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
     TorchDispatchMode,
+    data_loading_in_process,
     fakes_take_foreach_paths,
     is_fake,
     quiet_fake_tensor_logs,
@@ -50,6 +51,7 @@ from graphmem.job.program import Program
 from graphmem.records import Phase, Role, Trace
 from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.recording import saving
 from graphmem.trace.rules import rules_for
 
@@ -194,7 +196,7 @@ class _Books:
         key = id(opt)
         with unset_fake_temporarily(), self.recorder.silenced():
             if key not in self.replicas:
-                self.replicas[key] = _replica(opt)
+                self.replicas[key] = _replica(opt, self.recorder.on_gpu is not None)
             replica = self.replicas[key]
             if replica is None:
                 return []
@@ -207,10 +209,16 @@ class _Books:
             return reads.values
 
 
-def _replica(opt: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+def _replica(opt: torch.optim.Optimizer, gpu: bool) -> torch.optim.Optimizer | None:
+    """A real copy of ``opt`` on one-element CPU parameters, taking the implementation ``opt``
+    takes (on the GPU: foreach where the program chose none, as PyTorch picks for CUDA)."""
     groups = [{**{k: v for k, v in group.items() if k != "params"},
                "params": [nn.Parameter(torch.zeros([1] * p.dim())) for p in group["params"]]}
               for group in opt.param_groups]
+    for group in groups if gpu else ():
+        if "foreach" in group and group["foreach"] is None and not group.get("fused") \
+                and not group.get("differentiable"):
+            group["foreach"] = True
     try:
         return type(opt)(groups, **_required(opt))
     except (TypeError, ValueError, RuntimeError):
@@ -310,14 +318,15 @@ def _as_main(program: Program) -> Iterator[None]:
         sys.argv[:], sys.path[:] = argv, path
 
 
-def trace_program(program: Program, *, device: str = "cpu") -> ProgramTrace:
-    """Run ``program`` under the recorder until its ``program.steps``-th optimizer step ends.
+def trace_program(program: Program, *, gpu: GpuTarget | None = None) -> ProgramTrace:
+    """Run ``program`` under the recorder until its ``program.steps``-th optimizer step ends:
+    on the CPU, or with ``gpu`` its "cuda" that GPU (graphmem.trace.program.gpu).
 
     Raises:
         TraceError: the program raised (its own frames named), or ended or exited before its
             first optimizer step.
     """
-    recorder = Recorder(rules_for(device))
+    recorder = Recorder(rules_for("cuda" if gpu else "cpu"))
     recorder.phase = Phase.PROGRAM
     recorder.held = frozenset()  # the program holds its own tensors: each dies when it lets go of it
     recorder.read_value = 0  # a value the program reads (loss.item()): see the module docstring
@@ -325,7 +334,10 @@ def trace_program(program: Program, *, device: str = "cpu") -> ProgramTrace:
     books = _Books(recorder, program.steps)
     fake_mode = recording_fake_mode()
     stopped, exited = False, None
-    with _as_main(program), quiet_fake_tensor_logs(), fake_mode, recorder, _hooks(books):
+    workers: list[int] = []
+    snapshot = lambda: _trace(recorder, books, ())
+    with _as_main(program), quiet_fake_tensor_logs(), on_the_gpu(recorder, gpu, snapshot) if gpu else \
+            contextlib.nullcontext(), data_loading_in_process(workers.append), fake_mode, recorder, _hooks(books):
         try:
             if program.module:
                 runpy.run_module(program.target, run_name="__main__", alter_sys=True)
@@ -352,10 +364,17 @@ def trace_program(program: Program, *, device: str = "cpu") -> ProgramTrace:
     if not stopped:
         notes.append(f"the program ended after {books.done} optimizer step{'s' * (books.done > 1)} "
                      f"(--steps {program.steps} asked for more)")
-    trace = Trace(mode="train", fx=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
-                  optimizer=books.optimizers[0] if books.optimizers else None, assumptions=tuple(notes))
-    return ProgramTrace(trace=trace, steps=books.done, stopped=stopped, models=tuple(books.models),
-                        optimizers=tuple(books.optimizers))
+    if workers:
+        notes.append(f"the data loader{'s' * (len(workers) > 1)} loaded in the program's process, not in "
+                     f"{max(workers)} worker processes: the same batches, and the GPU's memory is the same")
+    return ProgramTrace(trace=_trace(recorder, books, tuple(notes)), steps=books.done, stopped=stopped,
+                        models=tuple(books.models), optimizers=tuple(books.optimizers))
+
+
+def _trace(recorder: Recorder, books: _Books, notes: tuple[str, ...]) -> Trace:
+    """The run recorded so far as a ``Trace`` (storages still live have no release)."""
+    return Trace(mode="train", fx=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
+                 optimizer=books.optimizers[0] if books.optimizers else None, assumptions=notes)
 
 
 def _failure(program: Program, exc: BaseException, steps: int) -> str:

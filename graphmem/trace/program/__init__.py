@@ -1,0 +1,18 @@
+"""A training program recorded as it runs (``graphmem run``).
+
+Input: a ``Program`` (a script or ``-m`` module, its argv, the optimizer steps to record) and,
+for a GPU, a ``GpuTarget``.  Output: a ``ProgramTrace``.  Knows nothing of categories, peaks,
+allocators, reports or the command line (the GPU's memory answers are a function it is given).
+
+- ``run``: the program under the recorder, its models, optimizers and steps named through
+  global hooks, stopped after its K-th optimizer step;
+- ``gpu``: the program's "cuda" as the target GPU on fake CPU tensors: which storages are on
+  the GPU, what the program's ``torch.cuda`` calls answer.
+"""
+
+from __future__ import annotations
+
+from graphmem.trace.program.gpu import GpuMemory, GpuTarget
+from graphmem.trace.program.run import ProgramTrace, trace_program
+
+__all__ = ["GpuMemory", "GpuTarget", "ProgramTrace", "trace_program"]

@@ -1,0 +1,265 @@
+"""``graphmem run --gpu``: the program's "cuda" is the target GPU, recorded on fake CPU tensors.
+
+Input: the recorder and a ``GpuTarget`` (the GPU as ``torch.cuda`` describes it, CUDA's kernel
+choices, and the allocator model's counters for the run so far, a function the caller gives).
+Output: ``on_the_gpu``, a context manager under which a program written for a GPU runs
+unchanged on a CPU-only torch, and the recorder knows which storages are the GPU's.
+
+- **Where each tensor lives.**  A tensor made on the GPU (``device="cuda"``, ``with
+  torch.device("cuda")``), moved to it (``.to("cuda")``, ``.cuda()``, ``module.to(device)``)
+  or computed from such tensors is the GPU's; anything else (the data the program loads, a
+  ``.cpu()`` copy) is the host's and weighs nothing in the GPU's memory (the recorder's
+  ``on_gpu``).  The program's code sees its GPU tensors on ``cuda:0`` (``.device``,
+  ``.is_cuda``), so ``torch.arange(n, device=x.device)`` is made on the GPU as on a real one;
+  torch's kernels see the CPU fakes they run on.
+- **What ``torch.cuda`` answers**: available, one device, the GPU's name, capability,
+  properties and memory; ``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
+  ``max_memory_reserved`` and ``memory_stats`` from the caching allocator model over the run
+  up to that call (so a program that logs its memory prints graphmem's prediction);
+  ``reset_peak_memory_stats`` starts the peaks again; streams, events and ``synchronize``
+  are accepted and do nothing.
+- **CUDA's kernels**: ``torch.autocast("cuda")`` (and ``torch.cuda.amp.autocast``) is CUDA's
+  autocast on the fakes (graphmem.trace.cuda_target.autocast); attention and dropout take
+  CUDA's kernels (graphmem.trace.cuda_target.kernels); optimizers default to their foreach
+  implementation because the parameters say they are on cuda, as PyTorch picks for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphmem._torch_api import fakes_show_device, parse_to
+from graphmem.patching import patched
+from graphmem.records import Trace
+from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.cuda_target.autocast import cuda_autocast
+from graphmem.trace.cuda_target.kernels import CudaKernels
+
+__all__ = ["GpuMemory", "GpuTarget", "on_the_gpu"]
+
+_CUDA = torch.device("cuda", 0)
+_CPU = torch.device("cpu")
+_COPY = torch.ops.aten._to_copy.default
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """``torch.cuda``'s memory counters at one moment of the run, in bytes (peaks since the
+    last ``reset_peak_memory_stats``)."""
+
+    allocated: int
+    reserved: int
+    max_allocated: int
+    max_reserved: int
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The GPU a program's "cuda" is.  ``memory(trace, since)``: the counters after the last op
+    of ``trace`` (the run so far), peaks counted from op ``since`` on."""
+
+    product: str  # torch.cuda.get_device_name()
+    total_memory: int  # get_device_properties().total_memory
+    capability: tuple[int, int]
+    kernels: CudaKernels
+    memory: Callable[[Trace, int], GpuMemory] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class _Properties:
+    """What ``torch.cuda.get_device_properties`` answers (the fields programs read)."""
+
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int = 132
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+
+
+class _Stream:
+    """A CUDA stream that orders nothing: the recording runs every op in program order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = _CUDA
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _Event:
+        return event if isinstance(event, _Event) else _Event()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _Event:
+    """A CUDA event: recorded, waited on, always complete, no time elapsed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+class _Counters:
+    """The memory answers: the allocator model over the run so far, on demand."""
+
+    def __init__(self, recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]) -> None:
+        self.recorder, self.gpu, self.snapshot = recorder, gpu, snapshot
+        self.since = 0
+
+    def now(self) -> GpuMemory:
+        self.recorder.poll(everything=True)  # what the program let go of by now is free
+        return self.gpu.memory(self.snapshot(), self.since)
+
+    def reset(self, device: Any = None) -> None:
+        self.since = len(self.recorder.ops)
+
+    def stats(self, device: Any = None) -> dict[str, int]:
+        now = self.now()
+        stats = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0, "num_device_free": 0}
+        for kind in ("allocated_bytes", "active_bytes"):
+            stats |= {f"{kind}.all.current": now.allocated, f"{kind}.all.peak": now.max_allocated}
+        return stats | {"reserved_bytes.all.current": now.reserved, "reserved_bytes.all.peak": now.max_reserved}
+
+
+def _autocasts() -> list[tuple[Any, str, Any]]:
+    """``torch.autocast("cuda", ...)`` and ``torch.cuda.amp.autocast(...)`` as CUDA's autocast on
+    the fakes; any other device's as before."""
+    original = torch.amp.autocast_mode.autocast
+
+    def autocast(device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> Any:
+        if device_type != "cuda":
+            return original(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if not enabled:  # a region inside an autocast one that turns it off (a loss in float32)
+            return original("cpu", enabled=False)
+        return cuda_autocast(dtype or torch.float16)
+
+    def cuda_amp(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
+        return autocast("cuda", dtype=dtype, enabled=enabled)
+
+    return [(torch, "autocast", autocast), (torch.amp, "autocast", autocast), (torch.cuda.amp, "autocast", cuda_amp)]
+
+
+def _moves(recorder: Recorder) -> list[tuple[Any, str, Any]]:
+    """``tensor.to``, ``.cuda``, ``.cpu`` between the host and the GPU: a copy (the recorder places
+    it by the device asked for); within one place, as before."""
+    to: Any = torch.Tensor.to
+    inner = [False]  # torch hands a call of the original back here, through its TorchFunctionModes
+
+    def moved(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if inner[0]:
+            same: torch.Tensor = to(self, *args, **kwargs)
+            return same
+        inner[0] = True
+        try:
+            return placed(self, *args, **kwargs)
+        finally:
+            inner[0] = False
+
+    def placed(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and isinstance(args[0], torch.Tensor):  # .to(other): other's device (as it says) and dtype
+            return placed(self, args[0].device, args[0].dtype, *args[1:], **kwargs)
+        copy = bool(kwargs.pop("copy", False))
+        if len(args) > 3 or (args and isinstance(args[0], torch.dtype) and len(args) > 2):  # (..., non_blocking, copy)
+            *args, copy = args  # type: ignore[assignment]
+        device, dtype, non_blocking, memory_format = parse_to(*args, **kwargs)
+        if device is None:
+            converted: torch.Tensor = to(self, *args, **kwargs, copy=copy)
+            return converted
+        gpu = device.type == "cuda"
+        if gpu == recorder.is_on_gpu(self):
+            here: torch.Tensor = to(self, _CPU, dtype, non_blocking=non_blocking, copy=copy,
+                                    **({"memory_format": memory_format} if memory_format is not None else {}))
+            return here
+        made: torch.Tensor = _COPY(self, dtype=dtype or self.dtype, device=_CUDA if gpu else _CPU,
+                                   non_blocking=non_blocking,
+                                   **({"memory_format": memory_format} if memory_format is not None else {}))
+        return made
+
+    return [(torch.Tensor, "to", moved),
+            (torch.Tensor, "cuda", lambda self, device=None, non_blocking=False, **kw: moved(self, "cuda",
+                                                                                          non_blocking=non_blocking)),
+            (torch.Tensor, "cpu", lambda self, memory_format=None: moved(self, "cpu")),
+            (torch.Tensor, "pin_memory", lambda self, device=None: self),
+            (torch.Tensor, "record_stream", lambda self, stream: None),
+            (torch.Tensor, "get_device", lambda self: 0 if recorder.is_on_gpu(self) else -1),
+            (nn.Module, "cuda", lambda self, device=None: self.to(_CUDA))]
+
+
+def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
+    """``torch.cuda``'s functions as the target GPU answers them."""
+    props = _Properties(gpu.product, gpu.total_memory, *gpu.capability)
+    answers: dict[str, Any] = {
+        "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
+        "device_count": lambda: 1, "current_device": lambda: 0, "set_device": lambda device: None,
+        "synchronize": lambda device=None: None, "empty_cache": lambda: None, "ipc_collect": lambda: None,
+        "get_device_name": lambda device=None: gpu.product,
+        "get_device_capability": lambda device=None: gpu.capability,
+        "get_device_properties": lambda device=None: props,
+        "is_bf16_supported": lambda including_emulation=True: gpu.capability >= (8, 0),
+        "mem_get_info": lambda device=None: (max(gpu.total_memory - counters.now().reserved, 0), gpu.total_memory),
+        "memory_allocated": lambda device=None: counters.now().allocated,
+        "max_memory_allocated": lambda device=None: counters.now().max_allocated,
+        "memory_reserved": lambda device=None: counters.now().reserved,
+        "max_memory_reserved": lambda device=None: counters.now().max_reserved,
+        "memory_stats": counters.stats,
+        "reset_peak_memory_stats": counters.reset, "reset_max_memory_allocated": counters.reset,
+        "reset_accumulated_memory_stats": lambda device=None: None,
+        "set_per_process_memory_fraction": lambda fraction, device=None: None,
+        "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
+        "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
+    }
+    return [(torch.cuda, name, value) for name, value in answers.items()]
+
+
+@contextlib.contextmanager
+def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]) -> Iterator[None]:
+    """Run the program (inside) with its "cuda" the target GPU; ``snapshot()`` is the run so far.
+
+    Enter it outside the fake mode and the recorder: the GPU's kernels (a TorchFunctionMode)
+    are entered here, the dispatch modes after it."""
+    with contextlib.suppress(ImportError):  # before torch.cuda is patched (graphmem.job.devices)
+        importlib.import_module("torch._dynamo")
+    recorder.on_gpu = set()
+    gpu.kernels.position = lambda: len(recorder.ops)
+    counters = _Counters(recorder, gpu, snapshot)
+    shown = lambda t: recorder.dispatching == 0 and recorder.is_on_gpu(t)
+    with patched(*_answers(gpu, counters), *_moves(recorder), *_autocasts()), fakes_show_device(_CUDA, shown), \
+            gpu.kernels:
+        yield

@@ -1,0 +1,108 @@
+"""graphmem run --gpu: the program's "cuda" is the target GPU.  No GPU here, so the checks are
+the ones a CPU can make: a program doing analyze's step gives analyze's CUDA numbers (analyze's
+CUDA target is checked against published GPU measurements, docs/accuracy-gpu.md), what stays on
+the host weighs nothing on the GPU, and what the program's own torch.cuda calls print is what
+the report says at that point of the run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from graphmem import analyze, run_program
+from graphmem.cli import main
+from graphmem.cuda.gpus import get_gpu
+from tests.conftest import ROOT
+
+PROGRAMS = ROOT / "tests" / "programs"
+
+
+@pytest.mark.parametrize("gpu", ["h100", "v100"])
+def test_program_doing_analyzes_step_on_the_gpu_gives_analyzes_cuda_numbers(gpu: str) -> None:
+    """SGD with momentum (its state all on the GPU): the live peak, each step's peak and the
+    caching allocator's peaks equal analyze --gpu's."""
+    job = analyze("examples/mlp.py:MLP", ["32x1000"], mode="train", optimizer="sgd",
+                  optimizer_kwargs={"momentum": 0.9}, gpu=gpu).train
+    run = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda", "sgd"], gpu=gpu).train
+    assert job is not None and run is not None and job.allocator and run.allocator
+    assert run.peak_bytes == job.peak_bytes and run.iteration_peaks == job.iteration_peaks
+    assert run.allocator.allocated_peak_bytes == job.allocator.allocated_peak_bytes
+    assert run.allocator.reserved_peak_bytes == job.allocator.reserved_peak_bytes
+
+
+def test_adams_step_counters_stay_on_the_host() -> None:
+    """torch.optim.Adam keeps each parameter's step count in a CPU tensor unless capturable or
+    fused (torch/optim/adam.py, _init_group): on the GPU its state is exp_avg and exp_avg_sq."""
+    run = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda", "adam"], gpu="h100").train
+    assert run is not None
+    state = [s for s in run.trace.storages if s.label.endswith((".step", ".exp_avg", ".exp_avg_sq"))]
+    assert {s.label.rsplit(".", 1)[1] for s in state if s.nbytes} == {"exp_avg", "exp_avg_sq"}
+    assert all(s.nbytes == 0 for s in state if s.label.endswith(".step"))
+
+
+def _memory_lines(out: str) -> list[list[int]]:
+    return [[int(n) for n in line.split()[1:]] for line in out.splitlines() if line.startswith("memory ")]
+
+
+def test_torch_cuda_answers_are_the_reports(capfd: pytest.CaptureFixture[str]) -> None:
+    """tests/programs/gpu_loop.py prints torch.cuda's counters after each step: after step 1
+    they are the caching allocator's peaks of the run stopped after step 1; the GPU is the
+    preset's."""
+    run_program(str(PROGRAMS / "gpu_loop.py"), ["--steps", "5"], gpu="a100-80gb", steps=2)
+    out = capfd.readouterr().out
+    first = run_program(str(PROGRAMS / "gpu_loop.py"), ["--steps", "5"], gpu="a100-80gb", steps=1).train
+    assert first is not None and first.allocator is not None
+    preset = get_gpu("a100-80gb")
+    assert f"gpu {preset.product} {preset.total_memory_bytes}" in out
+    printed = _memory_lines(out)
+    assert len(printed) == 1  # after step 1; the run stops at the end of step 2, before its print
+    allocated, max_allocated, reserved, max_reserved = printed[0]
+    assert max_allocated == first.allocator.allocated_peak_bytes
+    assert max_reserved == first.allocator.reserved_peak_bytes
+    assert allocated <= max_allocated and reserved <= max_reserved
+
+
+def test_what_stays_on_the_host_weighs_nothing_on_the_gpu() -> None:
+    """A CPU corpus 64x larger changes the CPU run's peak and not the GPU's; batches moved to
+    the GPU, positions made with device=x.device and CPU copies of the loss are placed as a
+    real run places them."""
+    small, large = (run_program(str(PROGRAMS / "gpu_loop.py"), ["--corpus-rows", str(rows)], gpu="h100").train
+                    for rows in (256, 16384))
+    assert small is not None and large is not None
+    assert small.peak_bytes == large.peak_bytes
+    assert small.allocator and large.allocator
+    assert small.allocator.reserved_peak_bytes == large.allocator.reserved_peak_bytes
+    positions = [s for s in small.trace.storages if s.shape == (64,) and s.dtype == "int64"]
+    assert positions and all(s.nbytes == 64 * 8 for s in positions)  # torch.arange(n, device=x.device)
+    assert small.sdpa_backends == {"flash": 2}  # nn.TransformerEncoderLayer's attention, fp16 autocast
+
+
+def test_multihead_attention_takes_cudas_attention_kernel_in_analyze_too() -> None:
+    """nn.MultiheadAttention calls scaled_dot_product_attention from inside a function torch
+    hands to graphmem's kernel choice: CUDA's kernel there too (flash for fp16, memory-efficient
+    for fp32, as select_sdp_backend picks on sm90), never the math path's s x s matrix."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True)
+
+        def forward(self, x: object) -> object:
+            return self.block(x)
+
+    for amp, backend in (("fp16", "flash"), (None, "efficient")):
+        report = analyze(Block, ["8x64x256"], mode="train", optimizer="adam", gpu="h100", amp=amp).train
+        assert report is not None and set(report.sdpa_backends) == {backend}
+        assert not any("_safe_softmax" in op.op for op in report.trace.ops)
+
+
+def test_command_line_on_the_gpu() -> None:
+    result = CliRunner().invoke(main, ["run", "--gpu", "h100", "examples/train_loop.py", "--batch-size", "8"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"device\s+cuda, h100-80gb", result.output)
+    assert "reserved peak (max_memory_reserved)" in result.output
+    both = CliRunner().invoke(main, ["run", "--device", "cpu", "--gpu", "h100", "examples/train_loop.py"])
+    assert both.exit_code == 2 and "give one of them" in both.output
