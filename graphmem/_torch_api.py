@@ -31,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 __all__ = [
     "data_loading_in_process",
     "fakes_show_device",
+    "fake_mode_without_cuda",
     "parse_to",
     "fakes_take_foreach_paths",
     "DATA_DEPENDENT_ERRORS",
@@ -340,3 +341,17 @@ def parse_to(*args: Any, **kwargs: Any) -> tuple[torch.device | None, torch.dtyp
     them (``Module.to`` does the same)."""
     parsed: tuple[torch.device | None, torch.dtype | None, bool, Any] = torch._C._nn._parse_to(*args, **kwargs)
     return parsed
+
+
+@contextlib.contextmanager
+def fake_mode_without_cuda() -> Iterator[None]:
+    """What a FakeTensorMode sets up when CUDA is unavailable (``avoid_device_init``), kept while
+    ``torch.cuda.is_available()`` is made to say yes: ``torch.tensor(..., device="cuda")`` lifts
+    its data as a CPU tensor, and a no-op CUDA device guard stands in for the missing one."""
+    before = torch._C._only_lift_cpu_tensors()
+    torch._C._set_only_lift_cpu_tensors(True)
+    torch._C._ensureCUDADeviceGuardSet()
+    try:
+        yield
+    finally:
+        torch._C._set_only_lift_cpu_tensors(before)

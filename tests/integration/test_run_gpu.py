@@ -106,3 +106,17 @@ def test_command_line_on_the_gpu() -> None:
     assert "reserved peak (max_memory_reserved)" in result.output
     both = CliRunner().invoke(main, ["run", "--device", "cpu", "--gpu", "h100", "examples/train_loop.py"])
     assert both.exit_code == 2 and "give one of them" in both.output
+
+
+def test_hf_trainer_on_the_gpu(tmp_path: object) -> None:
+    """transformers' Trainer asks torch.cuda and torch.accelerator which device there is and
+    moves the model itself (accelerate prepares it again): on the GPU its tied GPT-2 weights are
+    one storage, and the parameters and fused AdamW's state are the CPU run's, now on the GPU."""
+    pytest.importorskip("transformers")
+    script = str(PROGRAMS / "hf_trainer.py")
+    cpu = run_program(script, [str(tmp_path)]).train
+    gpu = run_program(script, [str(tmp_path), "--cuda"], gpu="h100").train
+    assert cpu is not None and gpu is not None and gpu.allocator is not None
+    assert gpu.params_bytes == cpu.params_bytes > 0
+    assert gpu.optimizer_state_bytes == cpu.optimizer_state_bytes > 0
+    assert gpu.sdpa_backends  # GPT-2's attention took a CUDA kernel

@@ -1,5 +1,6 @@
 """An HF Trainer script as users write it: a tiny GPT-2 config built locally, an in-memory
-dataset, max_steps=2, no saving, no logging service."""
+dataset, max_steps=2, no saving, no logging service.  Arguments: the output folder, and --cuda
+to train on the GPU (else use_cpu=True)."""
 
 import sys
 
@@ -20,8 +21,9 @@ class Data(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-args = TrainingArguments(output_dir=sys.argv[1] if len(sys.argv) > 1 else "trainer-out",
+folders = [a for a in sys.argv[1:] if not a.startswith("--")]
+args = TrainingArguments(output_dir=folders[0] if folders else "trainer-out",
                          per_device_train_batch_size=4, max_steps=2,
-                         report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+                         report_to=[], save_strategy="no", logging_steps=1, use_cpu="--cuda" not in sys.argv,
                          dataloader_num_workers=0, disable_tqdm=True)
 Trainer(model=model, args=args, train_dataset=Data()).train()

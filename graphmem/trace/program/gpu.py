@@ -17,7 +17,7 @@ unchanged on a CPU-only torch, and the recorder knows which storages are the GPU
   ``max_memory_reserved`` and ``memory_stats`` from the caching allocator model over the run
   up to that call (so a program that logs its memory prints graphmem's prediction);
   ``reset_peak_memory_stats`` starts the peaks again; streams, events and ``synchronize``
-  are accepted and do nothing.
+  are accepted and do nothing; ``torch.accelerator`` answers the same.
 - **CUDA's kernels**: ``torch.autocast("cuda")`` (and ``torch.cuda.amp.autocast``) is CUDA's
   autocast on the fakes (graphmem.trace.cuda_target.autocast); attention and dropout take
   CUDA's kernels (graphmem.trace.cuda_target.kernels); optimizers default to their foreach
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import fakes_show_device, parse_to
+from graphmem._torch_api import fake_mode_without_cuda, fakes_show_device, parse_to
 from graphmem.patching import patched
 from graphmem.records import Trace
 from graphmem.trace.core.recorder import Recorder
@@ -111,6 +112,9 @@ class _Stream:
 
     def query(self) -> bool:
         return True
+
+    def is_capturing(self) -> bool:  # no CUDA graph is captured
+        return False
 
 
 class _Event:
@@ -226,7 +230,7 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
     """``torch.cuda``'s functions as the target GPU answers them."""
     props = _Properties(gpu.product, gpu.total_memory, *gpu.capability)
     answers: dict[str, Any] = {
-        "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
+        "is_available": lambda: True,
         "device_count": lambda: 1, "current_device": lambda: 0, "set_device": lambda device: None,
         "synchronize": lambda device=None: None, "empty_cache": lambda: None, "ipc_collect": lambda: None,
         "get_device_name": lambda device=None: gpu.product,
@@ -245,7 +249,30 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
         "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
     }
-    return [(torch.cuda, name, value) for name, value in answers.items()]
+    # torch.accelerator (accelerate and transformers ask it which device there is): the same GPU
+    accelerator: dict[str, Any] = {
+        "is_available": lambda: True, "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "device_count": lambda: 1, "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
+        "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
+        "synchronize": lambda device=None: None, "current_stream": lambda device=None: _Stream(),
+        "empty_cache": lambda: None, "get_memory_info": answers["mem_get_info"],
+        **{name: answers[name] for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                                            "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+                                            "reset_accumulated_memory_stats")},
+    }
+    return [*((torch.cuda, name, value) for name, value in answers.items()),
+            *((torch.accelerator, name, value) for name, value in accelerator.items()
+              if hasattr(torch.accelerator, name))]
+
+
+def _import_before_the_gpu_is_there() -> None:
+    """Libraries that choose their backend at import by asking ``torch.cuda.is_available()``,
+    imported before it says yes: torch._dynamo keeps the functions it finds then (graphmem.job.devices),
+    bitsandbytes would load its CUDA backend, which needs a CUDA build of torch."""
+    for name in ("torch._dynamo", "bitsandbytes"):
+        if importlib.util.find_spec(name) is not None:
+            with contextlib.suppress(Exception):  # a library broken here fails in the program, as without graphmem
+                importlib.import_module(name)
 
 
 @contextlib.contextmanager
@@ -254,12 +281,11 @@ def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]
 
     Enter it outside the fake mode and the recorder: the GPU's kernels (a TorchFunctionMode)
     are entered here, the dispatch modes after it."""
-    with contextlib.suppress(ImportError):  # before torch.cuda is patched (graphmem.job.devices)
-        importlib.import_module("torch._dynamo")
+    _import_before_the_gpu_is_there()
     recorder.on_gpu = set()
     gpu.kernels.position = lambda: len(recorder.ops)
     counters = _Counters(recorder, gpu, snapshot)
     shown = lambda t: recorder.dispatching == 0 and recorder.is_on_gpu(t)
-    with patched(*_answers(gpu, counters), *_moves(recorder), *_autocasts()), fakes_show_device(_CUDA, shown), \
-            gpu.kernels:
+    with fake_mode_without_cuda(), patched(*_answers(gpu, counters), *_moves(recorder), *_autocasts()), \
+            fakes_show_device(_CUDA, shown), gpu.kernels:
         yield

@@ -232,33 +232,55 @@ def _required(opt: torch.optim.Optimizer) -> dict[str, Any]:
 
 def _applying(original: Any, recorder: Recorder) -> Any:
     """``Module._apply`` (behind ``.to()``, ``.half()``, ``.cuda()``) for the program's fake
-    parameters: torch swaps a fake parameter's contents with the converted one's, which a tensor
-    the recorder watches refuses; here a converted parameter replaces its module's (as with
-    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``), an unchanged one stays."""
+    parameters: torch swaps a fake parameter's contents with the converted one's
+    (``torch.utils.swap_tensors``, for tensor subclasses), which a tensor the recorder watches
+    refuses; here a converted parameter takes the converted data (``param.data = ...``, torch's
+    default for plain tensors), so it stays the same object; an unchanged one stays as it is.
+    A parameter or buffer two modules share (tied weights) is converted once and stays shared."""
+    converted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(old) -> (old, new), in one .to()
+    depth = [0]
+
+    def convert(old: torch.Tensor, make: Any) -> torch.Tensor:
+        if id(old) not in converted:
+            converted[id(old)] = (old, make(old))
+        return converted[id(old)][1]
+
     def apply(module: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
         own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
-        if not any(isinstance(t, torch.Tensor) and is_fake(t) for t in own):
-            result: nn.Module = original(module, fn, recurse)
-            return result
-        if recurse:
-            for child in module.children():
-                child._apply(fn)
-        with torch.no_grad():
-            for key, param in module._parameters.items():
-                if param is None:
-                    continue
-                new = fn(param)
-                if new is not param:
-                    grad = param.grad
-                    module._parameters[key] = nn.Parameter(new, param.requires_grad)
-                    if grad is not None:
-                        module._parameters[key].grad = fn(grad)  # type: ignore[union-attr]
-            for key, buffer in module._buffers.items():
-                if buffer is not None:
-                    module._buffers[key] = fn(buffer)
-        recorder.poll(everything=True)  # the converted-from tensors died here
+        depth[0] += 1
+        try:
+            if not any(isinstance(t, torch.Tensor) and is_fake(t) for t in own):
+                result: nn.Module = original(module, fn, recurse)  # its children come back here
+                return result
+            if recurse:
+                for child in module.children():
+                    child._apply(fn)
+            with torch.no_grad():
+                for key, param in module._parameters.items():
+                    if param is not None:
+                        module._parameters[key] = convert(param, lambda p: _parameter(p, fn))
+                for key, buffer in module._buffers.items():
+                    if buffer is not None:
+                        module._buffers[key] = convert(buffer, fn)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:
+                converted.clear()
+                recorder.poll(everything=True)  # the converted-from tensors died here
         return module
     return apply
+
+
+def _parameter(param: Any, fn: Any) -> Any:
+    """``param`` converted by ``fn`` in place, as torch converts a parameter by default
+    (``param.data = fn(param)``): the same Parameter, so an optimizer made before the
+    conversion still holds it; its gradient converted too."""
+    new = fn(param)
+    if new is not param:
+        param.data = new
+        if param.grad is not None:
+            param.grad = fn(param.grad)
+    return param
 
 
 @contextlib.contextmanager
