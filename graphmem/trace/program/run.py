@@ -258,7 +258,7 @@ def _applying(original: Any, recorder: Recorder) -> Any:
             with torch.no_grad():
                 for key, param in module._parameters.items():
                     if param is not None:
-                        module._parameters[key] = convert(param, lambda p: _parameter(p, fn))
+                        module._parameters[key] = convert(param, lambda p: _parameter(p, fn))  # type: ignore[assignment]
                 for key, buffer in module._buffers.items():
                     if buffer is not None:
                         module._buffers[key] = convert(buffer, fn)
