@@ -10,6 +10,7 @@ the analysis; the files are written whole and renamed into place together (all o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -29,16 +30,24 @@ from graphmem.errors import UserInputError
 from graphmem.job.job import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES, Job
 from graphmem.job.program import make_program
 from graphmem.job.spec import input_symbol, parse_sweep
+from graphmem.memory.results import MemoryReport
 from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
 from graphmem.preflight.check import PREFLIGHT_MODES, search_largest, sweep
 from graphmem.preflight.plan import make_plan
-from graphmem.preflight.verdict import check
+from graphmem.preflight.verdict import check, judge
 from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
 from graphmem.report.files import StagedFiles, staged_files
 from graphmem.report.header import Setup, setup_of
 from graphmem.report.html import check_html_path, render_html
 from graphmem.report.plan_table import PLAN_RENDERERS
-from graphmem.report.preflight_text import CHECK_RENDERERS, SEARCH_RENDERERS, SWEEP_RENDERERS, Context
+from graphmem.report.preflight_text import (
+    CHECK_RENDERERS,
+    SEARCH_RENDERERS,
+    SWEEP_RENDERERS,
+    Context,
+    check_to_dict,
+    render_verdict,
+)
 
 __all__ = ["main"]
 
@@ -167,6 +176,21 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
     _write(text, output, debug, files)
 
 
+# 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
+BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)
+# 5% or 0.05 -> Fraction
+MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)
+
+
+def _budget_options(command: Any) -> Any:
+    """Add --budget and --margin to a pre-flight command."""
+    command = click.option("--margin", type=MarginType(), default="0%", show_default=True,
+                           help="Keep this share free: fits when peak x (1 + margin) <= budget.")(command)
+    return click.option("--budget", type=BudgetType(), default=None,
+                        help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of --gpu. "
+                             "Default: all of --gpu's memory.")(command)
+
+
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", default=None,
               help="Run a module as `python -m MODULE ARGS` does (PROGRAM is then its first argument).")
@@ -195,10 +219,12 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
               help="Also write the predicted allocations as a PyTorch memory snapshot FILE.pickle.")
 @click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
               help="Also write one self-contained page FILE.html.")
+@_budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_command(module: str | None, steps: int, device: str | None, gpu: str | None, sdpa: str,
-                alloc_conf: str | None, fmt: str, units: str, output: str | None,
+                alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
+                output: str | None,
                 debug: bool, depth: int, top: int, timeline: str | None, snapshot: str | None, html: str | None,
                 program: str | None, args: tuple[str, ...]) -> None:
     """Run a training program, unchanged, and predict its memory: graphmem run [OPTIONS] SCRIPT.py [ARGS]...
@@ -207,6 +233,10 @@ def run_command(module: str | None, steps: int, device: str | None, gpu: str | N
     program runs from its first line with every tensor it makes a fake one (no memory, no
     weights), up to the end of its --steps-th optimizer step; the report covers the whole run:
     model building, data, the steps and whatever the program keeps between them.
+
+    With --budget: will it fit?  Exit 0 when the run's peak with --margin fits (on a GPU: the
+    caching allocator's reserved peak plus the CUDA context), 1 when it does not, as graphmem
+    check; 3 when the program fails or stops before its first optimizer step.
 
     Example: graphmem run examples/train_loop.py --batch-size 32
     """
@@ -219,12 +249,24 @@ def run_command(module: str | None, steps: int, device: str | None, gpu: str | N
     with _analysis(debug):
         if device == "cpu" and gpu is not None:
             raise UserInputError(f"--gpu {gpu} is a GPU and --device cpu the CPU: give one of them")
-        report = run_program(make_program(target, tuple(argv), module=module is not None, steps=steps),
-                             device=device or "cpu", gpu=gpu or (DEFAULT_GPU if device == "cuda" else None),
-                             sdpa=sdpa, alloc_conf=alloc_conf)
+        gpu = gpu or (DEFAULT_GPU if device == "cuda" else None)
+        limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
+        chosen = make_program(target, tuple(argv), module=module is not None, steps=steps)
+
+        def again(conf: str | None) -> MemoryReport:
+            return run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=conf)
+
+        report = again(alloc_conf)
         train = report.train
         setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none")
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup)
+        verdict = judge(report, "train", limit, again, alloc_conf) if limit is not None else None
+        if verdict is not None:
+            context = Context(target=chosen.command, inputs=(), device=report.device, mode="train",
+                              gpu=report.gpu.name if report.gpu else None)
+            hint = "the report above shows where the peak is and what is live there"
+            text = (f"{text.rstrip()}\n\nWill it fit?\n{render_verdict(verdict, context, units, hint)}" if fmt != "json"
+                    else json.dumps({**json.loads(text), "check": check_to_dict(verdict, context)}, indent=2))
 
     def files(staged: StagedFiles) -> None:
         write_files(report, timeline=timeline, snapshot=snapshot, dot=None, collapse="auto", depth=depth,
@@ -233,6 +275,8 @@ def run_command(module: str | None, steps: int, device: str | None, gpu: str | N
             Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
 
     _write(text, output, debug, files)
+    if verdict is not None:
+        click.get_current_context().exit(SUCCESS if verdict.fits else DOES_NOT_FIT)
 
 
 def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: bool, files: list[str],
@@ -264,21 +308,6 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
 # Pre-flight: check, max-batch / max-seq, plan (docs/preflight.md).  Exit codes: 0 fits,
 # 1 does not fit, 2 usage errors, 3 analysis failures (a bug too: 1 must only mean "does not fit"),
 # 130 interrupted, 141 stdout closed (docs/exit-codes.md).
-
-# 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
-BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)
-# 5% or 0.05 -> Fraction
-MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)
-
-
-def _budget_options(command: Any) -> Any:
-    """Add --budget and --margin to a pre-flight command."""
-    command = click.option("--margin", type=MarginType(), default="0%", show_default=True,
-                           help="Keep this share free: fits when peak x (1 + margin) <= budget.")(command)
-    return click.option("--budget", type=BudgetType(), default=None,
-                        help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of --gpu. "
-                             "Default: all of --gpu's memory.")(command)
-
 
 def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fraction) -> tuple[Job, Any, Context]:
     """The Job, the budget and the header's context, from a pre-flight command's options."""

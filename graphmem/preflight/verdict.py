@@ -13,6 +13,7 @@ and the result says whether that fits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from graphmem.job.job import Job
@@ -22,7 +23,7 @@ from graphmem.preflight.budget import Budget
 from graphmem.preflight.check import predict
 from graphmem.preflight.footprint import Footprint, expandable_conf, footprint_of
 
-__all__ = ["CheckResult", "Expandable", "check"]
+__all__ = ["CheckResult", "Expandable", "check", "judge"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,16 +93,26 @@ def check(job: Job, budget: Budget) -> CheckResult:
     if job.generate is None:
         validate_inputs(job.inputs, symbolic=False)
     prediction = predict(job)
-    found = footprint_of(prediction.report, job.mode)
+    return judge(prediction.report, job.mode, budget,
+                 lambda conf: predict(replace(job, alloc_conf=conf), checkpoint_comparison=False).report,
+                 job.alloc_conf)
+
+
+def judge(report: MemoryReport, mode: str, budget: Budget, again: Callable[[str], MemoryReport],
+          alloc_conf: str | None = None) -> CheckResult:
+    """The verdict on an analysed ``report`` (its ``mode``): ``again(conf)`` is the same job
+    analysed with the allocator settings ``conf``, asked for when only the allocator's cached
+    segments stand in the way; ``alloc_conf``: the settings ``report`` was analysed with."""
+    found = footprint_of(report, mode)
     fits = budget.fits(found.needed_bytes)
     result = CheckResult(fits=fits, peak_bytes=found.needed_bytes,
                          required_bytes=budget.required_bytes(found.needed_bytes), budget=budget,
                          metric="reserved_peak_bytes" if found.cuda else "peak_bytes", footprint=found,
-                         report=prediction.report)
+                         report=report)
     if fits or not found.cuda or found.expandable_segments or not result.allocated_fits:
         return result
-    conf = expandable_conf(job.alloc_conf)
-    again = footprint_of(predict(replace(job, alloc_conf=conf), checkpoint_comparison=False).report, job.mode)
-    expandable = Expandable(alloc_conf=conf, footprint=again, fits=budget.fits(again.needed_bytes),
-                            required_bytes=budget.required_bytes(again.needed_bytes))
+    conf = expandable_conf(alloc_conf)
+    second = footprint_of(again(conf), mode)
+    expandable = Expandable(alloc_conf=conf, footprint=second, fits=budget.fits(second.needed_bytes),
+                            required_bytes=budget.required_bytes(second.needed_bytes))
     return replace(result, expandable=expandable)

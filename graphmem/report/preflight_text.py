@@ -33,6 +33,7 @@ __all__ = [
     "context_dict",
     "header",
     "render_check_table",
+    "render_verdict",
     "render_search_table",
     "search_to_dict",
     "sweep_to_dict",
@@ -135,25 +136,29 @@ def _shown_rank(report: MemoryReport) -> int | None:
     return modes[0].ranks[0].rank if modes else None
 
 
-def _verdict(result: CheckResult, fmt: Callable[[int], str]) -> str:
-    """FITS / DOES NOT FIT, and on the CUDA target what closes a gap the allocator makes."""
+_PLAN = "graphmem plan lists what to change"
+
+
+def _verdict(result: CheckResult, fmt: Callable[[int], str], hint: str = _PLAN) -> str:
+    """FITS / DOES NOT FIT, and on the CUDA target what closes a gap the allocator makes;
+    ``hint``: where to look next when it does not fit."""
     budget = result.budget
     if result.fits:
         return f"FITS: {fmt(result.headroom_bytes)} headroom ({_share(result.headroom_bytes, budget)})"
     short = f"short by {fmt(-result.headroom_bytes)} ({_share(result.headroom_bytes, budget)})"
     if not result.footprint.cuda or not result.allocated_fits:
-        return f"DOES NOT FIT: {short}; graphmem plan lists what to change"
+        return f"DOES NOT FIT: {short}; {hint}"
     f = result.footprint
     lines = [f"DOES NOT FIT: the reserved peak + {_outside_words(f)} is {short}, though the allocated peak fits "
              f"({fmt(budget.total_bytes - result.allocated_required_bytes)} headroom): the caching allocator holds "
              f"{fmt((f.reserved_peak_bytes or 0) - f.peak_bytes)} more than the tensors, in segments it cannot reuse."]
     e = result.expandable
     if e is None:
-        lines.append("graphmem plan lists what to change")
+        lines.append(hint[0].upper() + hint[1:])
         return "\n".join(textwrap.fill(line, width=100) for line in lines)
     room = e.headroom_bytes(budget)
     outcome = (f"fits with {fmt(room)} headroom ({_share(room, budget)})" if e.fits
-               else f"still short by {fmt(-room)}; graphmem plan lists what else to change")
+               else f"still short by {fmt(-room)}; {hint}")
     lines.append(f"Remedy: PYTORCH_CUDA_ALLOC_CONF={e.alloc_conf} (--alloc-conf {e.alloc_conf}), analysed: reserved "
                  f"peak {fmt(e.footprint.reserved_peak_bytes or 0)} ({fmt(e.footprint.needed_bytes)} with the "
                  f"{_outside_words(e.footprint)}): {outcome}")
@@ -165,13 +170,20 @@ def render_check_table(result: CheckResult, context: Context, units: str = "auto
     reserved peaks, the memory outside the allocator and the headroom of each); headroom or
     shortfall, and on the CUDA target the remedy for a gap the allocator makes."""
     fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
+    return "\n\n".join([header("check", context, result.report, fmt), render_verdict(result, context, units)])
+
+
+def render_verdict(result: CheckResult, context: Context, units: str = "auto", hint: str = _PLAN) -> str:
+    """The compared bytes against the budget and the verdict (check's table below its header);
+    ``hint``: where to look next when it does not fit."""
+    fmt: Callable[[int], str] = lambda n: format_bytes(n, units)
     if result.footprint.cuda:
         body = _cuda_rows(result, context, fmt)
     else:
         body = tabulate([["predicted peak", fmt(result.peak_bytes), "tensor bytes at the peak"],
                          [f"with {float(result.budget.margin):.0%} margin", fmt(result.required_bytes), ""],
                          ["budget", fmt(result.budget.total_bytes), result.budget.source]], tablefmt="plain")
-    return "\n\n".join([header("check", context, result.report, fmt), body, _verdict(result, fmt)]) + "\n"
+    return "\n\n".join([body, _verdict(result, fmt, hint)]) + "\n"
 
 
 def render_check_json(result: CheckResult, context: Context, units: str = "auto") -> str:

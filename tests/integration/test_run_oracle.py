@@ -102,3 +102,15 @@ def test_program_doing_what_analyze_does_gives_analyzes_bytes() -> None:
     run = run_program(str(PROGRAMS / "analyze_step.py")).train
     assert job is not None and run is not None
     assert run.peak_bytes == job.peak_bytes and run.iteration_peaks == job.iteration_peaks
+
+
+def test_budget_is_a_gate_on_the_real_peak() -> None:
+    """--budget: exit 0 at the real run's peak, 1 one byte below it, as graphmem check."""
+    script, argv = str(ROOT / "examples" / "train_loop.py"), ["--batch-size", "8", "--hidden", "512"]
+    real = measure_program(script, argv, 2).peak_bytes
+    for budget, code, word in ((real, 0, "FITS"), (real - 1, 1, "DOES NOT FIT")):
+        result = CliRunner().invoke(main, ["run", "--budget", f"{budget}B", script, *argv])
+        assert result.exit_code == code, result.output
+        assert f"\n{word}:" in result.output
+    as_json = CliRunner().invoke(main, ["run", "--format", "json", "--budget", f"{real}B", script, *argv])
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout)["check"]["fits"] is True
