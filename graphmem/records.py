@@ -59,6 +59,7 @@ class OpRecord:
     scratch_bytes: int
     flops: int = 0
     recompute: bool = False  # a forward op re-run in backward by activation checkpointing
+    line: str = ""  # graphmem run: file:line of the program's code that ran it ("" elsewhere)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ def _mode_to_dict(m: ModeReport) -> dict[str, Any]:
     data: dict[str, Any] = {
         "peak_bytes": m.peak_bytes,
         "peak": {"op": m.peak.op, "module": m.peak.module, "phase": m.peak.phase,
-                 "iteration": m.peak.iteration + 1, "step": m.peak.step},
+                 "iteration": m.peak.iteration + 1, "step": m.peak.step,
+                 **({"line": _line(m, m.peak.step)} if _line(m, m.peak.step) else {})},
         "breakdown": {str(k): v for k, v in m.breakdown.items()},
         "params_bytes": m.params_bytes,
         "buffers_bytes": m.buffers_bytes,
@@ -101,6 +102,12 @@ def where_memory_goes(m: ModeReport, depth: int = 2, top: int = 10) -> dict[str,
                 "optimizer_state_bytes": r.optimizer_state_bytes, "activations_bytes": r.activations_bytes,
                 "peak_bytes": r.peak_bytes} for r in module_rows(m, depth)]
     tensors = [{"nbytes": t.nbytes, "shape": list(t.shape), "dtype": t.dtype, "category": str(t.category),
-                "name": t.label, "op": t.op, "created": t.created, "module": t.module, "dies": t.dies}
+                "name": t.label, "op": t.op, "created": t.created, "module": t.module, "dies": t.dies,
+                **({"line": _line(m, t.created)} if _line(m, t.created) else {})}
                for t in top_tensors(m, top)]
     return {"module_depth": depth, "modules": modules, "top_tensors": tensors}
+
+
+def _line(m: ModeReport, step: int) -> str:
+    """graphmem run: the program's file:line that ran op ``step`` ("" elsewhere)."""
+    return m.trace.ops[step].line if 0 <= step < len(m.trace.ops) else ""

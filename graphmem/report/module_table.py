@@ -73,7 +73,7 @@ def top_tensor_table(mode: ModeReport, count: int, fmt: Format, root: str = "") 
     body = []
     for t in top_tensors(mode, count):
         body.append([fmt(t.nbytes), "x".join(map(str, t.shape)) or "scalar", t.dtype, str(t.category),
-                     t.label or "-", _made_by(t), _module_name(t.module, root),
+                     t.label or "-", _made_by(t, mode), _module_name(t.module, root),
                      _dies(t, mode)])
     head = ["size", "shape", "dtype", "category", "name", "made by", "module", "dies"]
     return str(tabulate(body, headers=head, tablefmt="simple", disable_numparse=True))
@@ -83,8 +83,11 @@ def _module_name(module: str, root: str) -> str:
     return f"(root {root})" if module == ROOT and root else module
 
 
-def _made_by(t: TopTensor) -> str:
-    return f"{t.op} (op {t.created})" if t.created >= 0 else "(before the step)"
+def _made_by(t: TopTensor, mode: ModeReport) -> str:
+    if t.created < 0:
+        return "(before the step)"
+    line = mode.trace.ops[t.created].line if t.created < len(mode.trace.ops) else ""
+    return f"{t.op} (op {t.created})" + (f" at {line}" if line else "")
 
 
 def _dies(t: TopTensor, mode: ModeReport) -> str:

@@ -55,6 +55,8 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
              ["module"] + [module_label(m.peak.module, m.peak.phase, root) for m in modes],
              ["phase"] + [f"{m.peak.phase} (iteration {m.peak.iteration + 1})" for m in modes],
              ["op index"] + [f"{m.peak.step} of {m.num_ops}" for m in modes]]
+    if any(_line_of(m, m.peak.step) for m in modes):  # graphmem run: the program's own line
+        where.append(["program line"] + [_line_of(m, m.peak.step) or "-" for m in modes])
     parts.append("Where the peak happens\n" + tabulate(where, headers=head, tablefmt="simple"))
     cuda = cuda_table(report, modes, head, fmt)
     if cuda:
@@ -98,3 +100,9 @@ def _train_details(m: ModeReport, fmt: object) -> str:
               ["activations saved for backward (end of forward)", f(m.activations_bytes)]]
     return str("Training peak by phase\n" + tabulate(phases, headers=["phase", "peak"], tablefmt="simple")
             + "\n\nTraining totals\n" + tabulate(totals, headers=["", "bytes"], tablefmt="simple"))
+
+
+def _line_of(mode: ModeReport, step: int) -> str:
+    """The program's line that ran op ``step`` (graphmem run), or ""."""
+    ops = mode.trace.ops
+    return ops[step].line if 0 <= step < len(ops) else ""

@@ -114,3 +114,32 @@ def test_budget_is_a_gate_on_the_real_peak() -> None:
         assert f"\n{word}:" in result.output
     as_json = CliRunner().invoke(main, ["run", "--format", "json", "--budget", f"{real}B", script, *argv])
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["check"]["fits"] is True
+
+
+def test_checkpoint_saves_are_skipped_and_listed(tmp_path: Path) -> None:
+    """torch.save between the steps writes nothing (and costs nothing: the real run's peak is
+    the prediction); each save is listed with the program's line."""
+    script = PROGRAMS / "saves.py"
+    (tmp_path / "real").mkdir()
+    real = measure_program(str(script), [str(tmp_path / "real")], 3)
+    predicted = run_program(str(script), [str(tmp_path)], steps=3).train
+    assert predicted is not None and predicted.peak_bytes == real.peak_bytes
+    assert not list(tmp_path.glob("step*.pt"))
+    skipped = [a for a in predicted.assumptions if "checkpoint save was skipped" in a]
+    assert len(skipped) == 2 and all("saves.py:17" in a for a in skipped)  # after steps 1 and 2
+
+
+def test_the_peak_and_each_top_tensor_name_the_programs_line() -> None:
+    """The peak of examples/train_loop.py is in the optimizer step: its line is `opt.step()`;
+    a gradient is made by `loss.backward()`, a parameter by the model's construction."""
+    result = CliRunner().invoke(main, ["run", "--format", "json", "examples/train_loop.py", "--batch-size", "8"])
+    assert result.exit_code == 0, result.output
+    train = json.loads(result.stdout)["train"]
+
+    def source(line: str) -> str:
+        path, number = line.rsplit(":", 1)
+        return (ROOT / path).read_text().splitlines()[int(number) - 1].strip()
+
+    assert train["peak"]["phase"] == "optimizer" and source(train["peak"]["line"]) == "opt.step()"
+    made = {t["category"]: source(t["line"]) for t in train["top_tensors"] if "line" in t}
+    assert made["gradients"] == "loss.backward()" and made["parameters"].startswith("model = nn.Sequential(")

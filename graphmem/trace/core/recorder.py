@@ -25,7 +25,7 @@ import operator
 import os
 import sys
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -228,6 +228,7 @@ class Recorder(TorchDispatchMode):
         # GPU's; see place); None: every storage is the device's
         self.on_gpu: set[int] | None = None
         self.dispatching = 0  # > 0 while an op runs (torch's kernels, not the program's code)
+        self.where: Callable[[], str] | None = None  # graphmem run: the program's line running now
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -472,7 +473,8 @@ class Recorder(TorchDispatchMode):
             scratch, flops = hint_of(scratch), hint_of(flops)
         self.ops.append(OpRecord(index=index, op=str(func), phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
-                                 outputs=out_sids, scratch_bytes=scratch, flops=flops, recompute=recompute))
+                                 outputs=out_sids, scratch_bytes=scratch, flops=flops, recompute=recompute,
+                                 line=self.where() if self.where is not None else ""))
         return out
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:

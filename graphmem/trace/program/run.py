@@ -23,6 +23,7 @@ as 0 and noted, with the program's line.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import runpy
@@ -51,6 +52,7 @@ from graphmem.job.program import Program
 from graphmem.records import Phase, Role, Trace
 from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.program.effects import program_line, skipping_saves
 from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.recording import saving
 from graphmem.trace.rules import rules_for
@@ -353,13 +355,16 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None) -> ProgramT
     recorder.held = frozenset()  # the program holds its own tensors: each dies when it lets go of it
     recorder.read_value = 0  # a value the program reads (loss.item()): see the module docstring
     recorder.read_note = "the program read a value of a tensor, taken as 0"
+    recorder.where = program_line
     books = _Books(recorder, program.steps)
     fake_mode = recording_fake_mode()
     stopped, exited = False, None
     workers: list[int] = []
+    saves: list[str] = []
     snapshot = lambda: _trace(recorder, books, ())
     with _as_main(program), quiet_fake_tensor_logs(), on_the_gpu(recorder, gpu, snapshot) if gpu else \
-            contextlib.nullcontext(), data_loading_in_process(workers.append), fake_mode, recorder, _hooks(books):
+            contextlib.nullcontext(), data_loading_in_process(workers.append), skipping_saves(saves), fake_mode, \
+            recorder, _hooks(books):
         try:
             if program.module:
                 runpy.run_module(program.target, run_name="__main__", alter_sys=True)
@@ -386,6 +391,9 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None) -> ProgramT
     if not stopped:
         notes.append(f"the program ended after {books.done} optimizer step{'s' * (books.done > 1)} "
                      f"(--steps {program.steps} asked for more)")
+    for what, count in collections.Counter(saves).items():
+        notes.append(f"a checkpoint save was skipped (the tensors are fakes; nothing was written): {what}"
+                     + (f", {count} times" if count > 1 else ""))
     if workers:
         notes.append(f"the data loader{'s' * (len(workers) > 1)} loaded in the program's process, not in "
                      f"{max(workers)} worker processes: the same batches, and the GPU's memory is the same")

@@ -1,0 +1,90 @@
+"""What a recorded program does outside the device, left undone: its checkpoint saves.
+
+Input: a list the skipped saves are told to.  Output: ``skipping_saves``, a context manager
+under which ``torch.save``, safetensors' ``save_file`` / ``save_model`` and torch's distributed
+checkpoint ``save`` / ``async_save`` write nothing (the tensors are fakes: there is nothing to
+write, and a half-written checkpoint would overwrite a real one); each skipped save is listed
+with the program's line that asked for it.  ``save_pretrained`` saves through safetensors (or
+``torch.save``), so it is skipped there; the config files it writes are written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from graphmem.patching import patched
+
+__all__ = ["program_line", "skipping_saves"]
+
+_NOT_THE_PROGRAM = ("/torch/", "/graphmem/", "/safetensors/", "runpy.py", "<frozen", "<string>")
+
+
+def program_line() -> str:
+    """``file:line`` of the innermost frame on the stack in the program's (or its libraries')
+    own code: not torch's, not graphmem's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _is_the_programs(frame.f_code.co_filename):
+            return _line(frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?"
+
+
+@functools.cache
+def _is_the_programs(path: str) -> bool:
+    return not any(part in path for part in _NOT_THE_PROGRAM)
+
+
+@functools.cache
+def _line(path: str, lineno: int) -> str:
+    shown = os.path.relpath(path)
+    return f"{path if shown.startswith('..') else shown}:{lineno}"
+
+
+def _where(target: Any) -> str:
+    """Where a save would have written: its path, or what it was given."""
+    if isinstance(target, (str, os.PathLike)):
+        return os.fspath(target)
+    return getattr(target, "name", type(target).__name__)
+
+
+def _skip(skipped: list[str], what: str, target_at: int | str) -> Any:
+    def save(*args: Any, **kwargs: Any) -> None:
+        target = kwargs.get(target_at) if isinstance(target_at, str) else (
+            args[target_at] if len(args) > target_at else kwargs.get("f", kwargs.get("filename")))
+        skipped.append(f"{what} to {_where(target)} ({program_line()})")
+    return save
+
+
+def _optional(module: str, names: tuple[str, ...], what: str, target_at: int | str,
+              skipped: list[str]) -> list[tuple[Any, str, Any]]:
+    """Patches for an optional library's save functions (none where it is not installed)."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return []
+    try:
+        owner = importlib.import_module(module)
+    except Exception:  # a library that does not import here is not the program's to save with
+        return []
+    return [(owner, name, _skip(skipped, f"{what}.{name}", target_at)) for name in names if hasattr(owner, name)]
+
+
+@contextlib.contextmanager
+def skipping_saves(skipped: list[str]) -> Iterator[None]:
+    """Inside, checkpoint saves write nothing; each is appended to ``skipped`` as
+    ``"torch.save to PATH (file:line)"``."""
+    replacements = [(torch, "save", _skip(skipped, "torch.save", 1)),
+                    *_optional("safetensors.torch", ("save_file", "save_model"), "safetensors", 1, skipped)]
+    if "torch.distributed.checkpoint" in sys.modules:  # DCP: only a program that imported it saves with it
+        replacements += _optional("torch.distributed.checkpoint", ("save", "async_save", "save_state_dict"),
+                                  "torch.distributed.checkpoint", "checkpoint_id", skipped)
+    with patched(*replacements):
+        yield
