@@ -120,3 +120,39 @@ def test_hf_trainer_on_the_gpu(tmp_path: object) -> None:
     assert gpu.params_bytes == cpu.params_bytes > 0
     assert gpu.optimizer_state_bytes == cpu.optimizer_state_bytes > 0
     assert gpu.sdpa_backends  # GPT-2's attention took a CUDA kernel
+
+
+def _checkpoint(folder: object) -> tuple[object, int]:
+    """A tiny GPT-2 saved with save_pretrained, and its distinct parameter bytes (tied once)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64))
+    model.save_pretrained(folder)
+    distinct = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return folder, sum(distinct.values())
+
+
+def test_from_pretrained_reads_headers_only(tmp_path: object) -> None:
+    """A checkpoint cut after its safetensors header (no weights at all) gives the same run as
+    the whole one: nothing but the header was read.  The parameters on the GPU are the model's
+    distinct parameter bytes (its tied embedding once), as torch counts them."""
+    import struct
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    full, params = _checkpoint(Path(str(tmp_path)) / "full")
+    cut = Path(str(tmp_path)) / "cut"
+    cut.mkdir()
+    for f in Path(str(full)).iterdir():
+        data = f.read_bytes()
+        if f.suffix == ".safetensors":
+            data = data[:8 + struct.unpack("<Q", data[:8])[0]]
+        (cut / f.name).write_bytes(data)
+    script = str(PROGRAMS / "from_pretrained.py")
+    whole, header = (run_program(script, [str(folder)], gpu="h100").train for folder in (full, cut))
+    assert whole is not None and header is not None and whole.allocator and header.allocator
+    assert header.peak_bytes == whole.peak_bytes and header.iteration_peaks == whole.iteration_peaks
+    assert header.allocator.reserved_peak_bytes == whole.allocator.reserved_peak_bytes
+    assert whole.params_bytes == params

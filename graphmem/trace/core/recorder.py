@@ -229,6 +229,7 @@ class Recorder(TorchDispatchMode):
         self.on_gpu: set[int] | None = None
         self.dispatching = 0  # > 0 while an op runs (torch's kernels, not the program's code)
         self.where: Callable[[], str] | None = None  # graphmem run: the program's line running now
+        self.mapped: set[int] = set()  # storages mapped from a file (a loaded checkpoint): 0 allocated bytes
 
     # -- storages ---------------------------------------------------------------------
     def track(self, t: torch.Tensor, created: int) -> _Storage:
@@ -313,6 +314,11 @@ class Recorder(TorchDispatchMode):
             return True
         rec = self._live.get(storage_key(local_tensor(t))[0])
         return rec is not None and rec.sid in self.on_gpu
+
+    def map_from_file(self, t: torch.Tensor) -> None:
+        """``t``'s storage is mapped from a file (its bytes are the file's, not allocated)."""
+        if t.device.type == "cpu" and not (self.on_gpu is not None and self.is_on_gpu(t)):
+            self.mapped.add(self.track(t, len(self.ops) - 1).sid)
 
     def add_placeholder(self, t: torch.Tensor, name: str) -> None:
         node = self.graph.placeholder(name.replace(".", "_"))
@@ -665,7 +671,8 @@ class Recorder(TorchDispatchMode):
     def freeze(self) -> tuple[StorageRecord, ...]:
         """The storage records, final; call after the last poll."""
         return tuple(
-            StorageRecord(sid=s.sid, nbytes=s.nbytes if self.on_gpu is None or s.sid in self.on_gpu else 0,
+            StorageRecord(sid=s.sid, nbytes=s.nbytes if (self.on_gpu is None or s.sid in self.on_gpu)
+                          and s.sid not in self.mapped else 0,
                           created=s.created, released=s.released,
                           roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
             for s in self.storages)

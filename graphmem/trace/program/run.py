@@ -54,6 +54,7 @@ from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.program.effects import program_line, skipping_saves
 from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
+from graphmem.trace.program.loads import loading_headers_only
 from graphmem.trace.recording import saving
 from graphmem.trace.rules import rules_for
 
@@ -251,7 +252,7 @@ def _applying(original: Any, recorder: Recorder) -> Any:
         own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
         depth[0] += 1
         try:
-            if not any(isinstance(t, torch.Tensor) and is_fake(t) for t in own):
+            if not any(isinstance(t, torch.Tensor) and (is_fake(t) or is_fake(t.data)) for t in own):
                 result: nn.Module = original(module, fn, recurse)  # its children come back here
                 return result
             if recurse:
@@ -278,10 +279,16 @@ def _parameter(param: Any, fn: Any) -> Any:
     (``param.data = fn(param)``): the same Parameter, so an optimizer made before the
     conversion still holds it; its gradient converted too."""
     new = fn(param)
-    if new is not param:
-        param.data = new
+    if new is param:
+        return param
+    if not is_fake(param):  # a Parameter around a fake (as from_pretrained's loading makes them): a new one
+        made = nn.Parameter(new, param.requires_grad)
         if param.grad is not None:
-            param.grad = fn(param.grad)
+            made.grad = fn(param.grad)
+        return made
+    param.data = new
+    if param.grad is not None:
+        param.grad = fn(param.grad)
     return param
 
 
@@ -363,8 +370,8 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None) -> ProgramT
     saves: list[str] = []
     snapshot = lambda: _trace(recorder, books, ())
     with _as_main(program), quiet_fake_tensor_logs(), on_the_gpu(recorder, gpu, snapshot) if gpu else \
-            contextlib.nullcontext(), data_loading_in_process(workers.append), skipping_saves(saves), fake_mode, \
-            recorder, _hooks(books):
+            contextlib.nullcontext(), data_loading_in_process(workers.append), skipping_saves(saves), \
+            loading_headers_only(recorder.map_from_file), fake_mode, recorder, _hooks(books):
         try:
             if program.module:
                 runpy.run_module(program.target, run_name="__main__", alter_sys=True)
