@@ -321,6 +321,7 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
 def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
                 device: str = "cpu", gpu: str | None = None, alloc_conf: str | None = None, sdpa: str = "auto",
+                nproc_per_node: int = 1, ranks: str | Sequence[int] = "auto",
                 policy: str = "observed") -> MemoryReport:
     """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
     MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
@@ -336,10 +337,14 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         gpu: the GPU preset; implies ``device="cuda"``.
         alloc_conf: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).
         sdpa: the attention backend on the GPU (``auto``: PyTorch's choice).
+        nproc_per_node: processes, as ``torchrun --nproc-per-node`` starts them (with a string
+            ``program``; a ``Program`` carries its own).
+        ranks: which to record: ``auto`` (rank 0 and the last), ``all``, or a list.
         policy: storage release policy (graphmem.memory.liveness).
 
     Returns:
-        A MemoryReport whose ``train`` is the whole run: ``iteration_peaks`` per optimizer step.
+        A MemoryReport whose ``train`` is the whole run: ``iteration_peaks`` per optimizer step;
+        with several processes the rank with the highest peak, each recorded rank in ``ranks``.
 
     Raises:
         UserInputError: no such script, ``steps`` < 1, an unknown GPU.
@@ -349,28 +354,64 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     if device not in ("cpu", "cuda"):
         raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
     if isinstance(program, str):
-        program = make_program(program, tuple(argv), module=module, steps=steps)
+        program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node)
     scratch = {str(op) for op in rules_for(device).scratch}
     cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
-    target = None
-    if cuda is not None:
-        kernels = CudaKernels(cuda[0], sdpa)
+    chosen = program_ranks(ranks, program.nproc_per_node)
 
-        def memory(trace: Trace, since: int) -> GpuMemory:
-            stats = model_cuda_allocator(build_mode_report(trace, compute_lifetimes(trace, policy), scratch), *cuda)
-            allocated, reserved = stats.peaks_from(since)
-            return GpuMemory(stats.allocated_end_bytes, stats.reserved_end_bytes, allocated, reserved)
+    def one(rank: int) -> tuple[ModeReport, str]:
+        target = None
+        if cuda is not None:
+            def memory(trace: Trace, since: int) -> GpuMemory:
+                report = build_mode_report(trace, compute_lifetimes(trace, policy), scratch)
+                stats = model_cuda_allocator(report, *cuda)
+                allocated, reserved = stats.peaks_from(since)
+                return GpuMemory(stats.allocated_end_bytes, stats.reserved_end_bytes, allocated, reserved)
 
-        target = GpuTarget(cuda[0].product, cuda[0].total_memory_bytes, cuda[0].compute_capability, kernels, memory)
-    progress.show(f"running {program.command}")
-    traced = trace_program(program, gpu=target)
-    progress.show(f"analysing {len(traced.trace.ops):,} ops")
-    report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
-    if cuda is not None and target is not None:
-        report = replace(report, allocator=model_cuda_allocator(report, *cuda),
-                         sdpa_backends=dict(target.kernels.backends))
-    return MemoryReport(target=traced.models[0] if traced.models else program.target, device=device, inputs=(),
-                        inference=None, train=report, program=program.command, gpu=cuda[0] if cuda else None)
+            target = GpuTarget(cuda[0].product, cuda[0].total_memory_bytes, cuda[0].compute_capability,
+                               CudaKernels(cuda[0], sdpa), memory)
+        progress.show(f"running {program.command}" + (f" as rank {rank}" if program.nproc_per_node > 1 else ""))
+        traced = trace_program(program, gpu=target, rank=rank)
+        progress.show(f"analysing {len(traced.trace.ops):,} ops")
+        report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
+        if cuda is not None and target is not None:
+            report = replace(report, allocator=model_cuda_allocator(report, *cuda),
+                             sdpa_backends=dict(target.kernels.backends))
+        return report, traced.models[0] if traced.models else program.target
+
+    recorded = [(rank, *one(rank)) for rank in chosen]
+    train, model = recorded[0][1], recorded[0][2]
+    if program.nproc_per_node > 1:
+        reports = sorted((RankReport(rank, (rank,), report) for rank, report, _ in recorded),
+                         key=lambda r: (-r.report.budget_peak_bytes, r.rank))
+        note = (f"ranks {', '.join(map(str, chosen))} of {program.nproc_per_node} recorded"
+                + (" (rank 0 and the last; --ranks all records every rank)" if ranks == "auto" else ""))
+        train = replace(reports[0].report, ranks=tuple(reports),
+                        assumptions=(*reports[0].report.assumptions, note))
+    return MemoryReport(target=model, device=device, inputs=(), inference=None, train=train,
+                        program=program.command, gpu=cuda[0] if cuda else None,
+                        parallel=f"{program.nproc_per_node} processes" if program.nproc_per_node > 1 else None)
+
+
+def program_ranks(ranks: str | Sequence[int], world: int) -> tuple[int, ...]:
+    """The ranks ``--ranks`` names: ``auto`` (rank 0 and the last), ``all``, or a list ("0,7").
+
+    Raises:
+        UserInputError: a rank outside the world, or text that names none.
+    """
+    if isinstance(ranks, str):
+        if ranks == "auto":
+            return tuple(sorted({0, world - 1}))
+        if ranks == "all":
+            return tuple(range(world))
+        try:
+            ranks = [int(r) for r in ranks.split(",") if r.strip()]
+        except ValueError:
+            raise UserInputError(f"--ranks {ranks!r}: expected auto, all or ranks such as 0,7") from None
+    outside = [r for r in ranks if not 0 <= r < world]
+    if not ranks or outside:
+        raise UserInputError(f"--ranks: {', '.join(map(str, outside)) or 'none given'}; the ranks are 0 to {world - 1}")
+    return tuple(sorted(set(ranks)))
 
 
 def _finetune_text(job: Job) -> str | None:

@@ -710,3 +710,96 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
             results.append(RankMeasured(rank=data["rank"], peak_bytes=data["peak_bytes"],
                                         phase_peaks=data["phase_peaks"], start_bytes=data["start_bytes"]))
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# a whole program, as torchrun launches it
+
+
+class _ProgramStop(BaseException):
+    """Raised by the optimizer post-step hook after the last counted step."""
+
+
+def _program_rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
+    """A spawned rank of ``python SCRIPT ARGV`` under torchrun's environment: the program's own
+    init_process_group (any backend) joins a gloo group through a FileStore in ``outdir``;
+    storages are counted from the program's first line until its ``steps``-th optimizer step
+    returns.  Writes rank<N>.json."""
+    import json
+    import runpy
+
+    import torch.distributed as dist
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    torch.set_num_threads(1)
+    world = cfg["world_size"]
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": HOST,
+                       "MASTER_PORT": "29500"})
+    _one_worker_gloo()
+    _quiet_waits()
+    start = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        store = dist.FileStore(str(Path(outdir, "store")), world)
+        start("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S / 2))
+
+    dist.init_process_group = init_process_group
+    counter = DistLiveStorages()
+    counter.phase = "step 1"
+    done = [0]
+
+    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+        done[0] += 1
+        if done[0] >= cfg["steps"]:
+            raise _ProgramStop
+        counter.phase = f"step {done[0] + 1}"
+
+    handle = register_optimizer_step_post_hook(after_step)
+    sys.argv = [cfg["script"], *cfg["argv"]]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(cfg["script"])))
+    try:
+        with counter, contextlib.suppress(_ProgramStop):
+            runpy.run_path(cfg["script"], run_name="__main__")
+        dist.barrier()
+    except BaseException:
+        Path(outdir, f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        handle.remove()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if counter.trace is not None:  # DIST_ORACLE_TRACE=1: every change of the live bytes, for debugging a count
+        sys.stderr.write("\n".join(counter.trace) + "\n")
+    Path(outdir, f"rank{rank}.json").write_text(json.dumps({"peak_bytes": counter.peak,
+                                                            "phase_peaks": counter.phase_peaks}))
+
+
+def measure_program_distributed(script: str, argv: Sequence[str] = (), *, world_size: int = 2,
+                                steps: int = 2) -> list[dict[str, Any]]:
+    """``torchrun --nproc-per-node world_size SCRIPT ARGV`` for real on the CPU (gloo), each rank
+    counted as tests/oracles.py's measure_program counts; per rank, by rank: {"peak_bytes",
+    "phase_peaks"} ("step N": the peak from the end of step N-1 to the end of step N)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    cfg = {"script": script, "argv": list(argv), "world_size": world_size, "steps": steps}
+    with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
+        with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
+            context = mp.start_processes(_program_rank_main, args=(cfg, outdir), nprocs=world_size,
+                                         join=False, start_method="spawn")
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            while not context.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"distributed program oracle timed out after {TIMEOUT_S:.0f} s: {cfg}")
+        except Exception as error:
+            errors = "\n".join(p.read_text() for p in sorted(Path(outdir).glob("rank*.err")))
+            raise RuntimeError(f"distributed program oracle failed: {cfg}\n{errors or error}") from error
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join(timeout=5)
+        return [json.loads(Path(outdir, f"rank{rank}.json").read_text()) for rank in range(world_size)]

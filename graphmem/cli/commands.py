@@ -200,6 +200,12 @@ def _budget_options(command: Any) -> Any:
               help="What the program runs on (default: cuda with --gpu, else cpu). cpu: bytes as PyTorch's "
                    "CPU execution allocates them; cuda: the program's \"cuda\" is --gpu, its memory what the "
                    "caching allocator reserves (torch.cuda's memory calls in the program answer the same).")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes on the node, as torchrun --nproc-per-node starts them: each sees torchrun's "
+                   "RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process group of "
+                   "that many ranks in which collectives move nothing. Memory per process.")
+@click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
+              help="With --nproc-per-node: the ranks to record (auto: rank 0 and the last).")
 @click.option("--gpu", default=None, metavar="NAME",
               help=f"The GPU the program's \"cuda\" is ({', '.join(GPUS)}); implies --device cuda. With "
                    f"--device cuda alone: {DEFAULT_GPU}.")
@@ -222,7 +228,8 @@ def _budget_options(command: Any) -> Any:
 @_budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(module: str | None, steps: int, device: str | None, gpu: str | None, sdpa: str,
+def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int, ranks: str,
+                gpu: str | None, sdpa: str,
                 alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
                 output: str | None,
                 debug: bool, depth: int, top: int, timeline: str | None, snapshot: str | None, html: str | None,
@@ -251,10 +258,11 @@ def run_command(module: str | None, steps: int, device: str | None, gpu: str | N
             raise UserInputError(f"--gpu {gpu} is a GPU and --device cpu the CPU: give one of them")
         gpu = gpu or (DEFAULT_GPU if device == "cuda" else None)
         limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
-        chosen = make_program(target, tuple(argv), module=module is not None, steps=steps)
+        chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
+                              nproc_per_node=nproc_per_node)
 
         def again(conf: str | None) -> MemoryReport:
-            return run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=conf)
+            return run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=conf, ranks=ranks)
 
         report = again(alloc_conf)
         train = report.train

@@ -23,21 +23,33 @@ class Program:
     argv: tuple[str, ...] = ()
     module: bool = False  # ``-m``
     steps: int = 2
+    nproc_per_node: int = 1  # processes on the node, as torchrun --nproc-per-node starts them
 
     @property
     def command(self) -> str:
-        return " ".join(["python", *(["-m"] if self.module else []), self.target, *self.argv])
+        launcher = ["torchrun", f"--nproc-per-node {self.nproc_per_node}"] if self.nproc_per_node > 1 else ["python"]
+        return " ".join([*launcher, *(["-m"] if self.module else []), self.target, *self.argv])
+
+    def rank_environment(self, rank: int) -> dict[str, str]:
+        """The variables torchrun sets for ``rank`` (one node)."""
+        world = str(self.nproc_per_node)
+        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world,
+                "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world, "NODE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "graphmem"}
 
 
-def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2) -> Program:
+def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
+                 nproc_per_node: int = 1) -> Program:
     """A checked Program.
 
     Raises:
-        UserInputError: no such script, or fewer than one step.
+        UserInputError: no such script, fewer than one step or one process.
     """
     if steps < 1:
         raise UserInputError(f"--steps {steps}: record at least one optimizer step")
+    if nproc_per_node < 1:
+        raise UserInputError(f"--nproc-per-node {nproc_per_node}: give at least one process")
     if not module and not os.path.isfile(target):
         raise UserInputError(f"no such program: {target!r}; give the path of a Python script "
                              "(graphmem run train.py ARGS) or a module with -m (graphmem run -m pkg.train ARGS)")
-    return Program(target=target, argv=tuple(argv), module=module, steps=steps)
+    return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node)

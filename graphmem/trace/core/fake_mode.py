@@ -55,8 +55,7 @@ class _FakeTensorMode(FakeTensorMode):
         device = next(t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
         out = kernel(tree_map(_arg_meta, tuple(args)), tree_map(_arg_meta, dict(kwargs or {})))
         with self:
-            return tree_map(lambda m: torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=device)
-                            if isinstance(m, ArgMeta) else m, out)
+            return tree_map(lambda m: _made(m, device) if isinstance(m, ArgMeta) else m, out)
 
 
     def _view(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -78,6 +77,13 @@ class _FakeTensorMode(FakeTensorMode):
             return out
         return super().dispatch(torch.ops.aten.as_strided.default, types,
                                 (a, out.shape, wanted, a.storage_offset()), {})
+
+
+def _made(meta: ArgMeta, device: torch.device) -> torch.Tensor:
+    """A fake output as ``meta`` describes it (on a storage of ``storage_numel`` elements, if given)."""
+    if meta.storage_numel is None:
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=device)
+    return torch.empty(meta.storage_numel, dtype=meta.dtype, device=device).as_strided(meta.shape, meta.stride)
 
 
 _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})

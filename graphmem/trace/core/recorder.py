@@ -315,6 +315,11 @@ class Recorder(TorchDispatchMode):
         rec = self._live.get(storage_key(local_tensor(t))[0])
         return rec is not None and rec.sid in self.on_gpu
 
+    def hold(self, t: torch.Tensor) -> None:
+        """A tensor made outside the recording (real) that the program holds from now on: live
+        from the last op until it dies."""
+        self.track(t, len(self.ops) - 1)
+
     def map_from_file(self, t: torch.Tensor) -> None:
         """``t``'s storage is mapped from a file (its bytes are the file's, not allocated)."""
         if t.device.type == "cpu" and not (self.on_gpu is not None and self.is_on_gpu(t)):

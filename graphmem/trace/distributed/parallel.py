@@ -51,8 +51,10 @@ from graphmem._torch_api import (
 from graphmem.errors import GraphmemError, UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
+from graphmem.patching import patched
 
-__all__ = ["Applied", "PipelineStageModule", "apply_parallel", "distinct_ranks", "fake_process_group", "fsdp_units",
+__all__ = ["Applied", "PipelineStageModule", "apply_parallel", "ddp_on_fakes", "distinct_ranks", "fake_process_group",
+           "fsdp_units",
            "following_resizes", "meta_copy", "pipeline_schedule", "pipeline_split",
            "pipeline_stage_module", "pipeline_warmup_known", "tp_plan", "zero_partition"]
 
@@ -412,6 +414,24 @@ def _ddp(model: nn.Module, spec: ParallelSpec) -> nn.Module:
         setattr(ddp_module, _VERIFY, check)
     _fake_allreduce(wrapped, world)
     return wrapped
+
+
+@contextlib.contextmanager
+def ddp_on_fakes(world: int) -> Iterator[None]:
+    """Inside, a ``DistributedDataParallel`` anyone's code builds (a program's own) is built as
+    ``apply_parallel`` builds it on fakes: no value check across ranks, the default hook's
+    all-reduce through a comm hook, no bucket rebuild (see the module docstring)."""
+    import torch.nn.parallel.distributed as ddp_module
+
+    cls = ddp_module.DistributedDataParallel
+    build = cls.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        _fake_allreduce(self, world)
+
+    with patched((ddp_module, _VERIFY, lambda *args, **kwargs: None), (cls, "__init__", init)):
+        yield
 
 
 def _fake_allreduce(wrapped: Any, world: int) -> None:

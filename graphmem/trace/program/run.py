@@ -55,6 +55,7 @@ from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.program.effects import program_line, skipping_saves
 from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.program.loads import loading_headers_only
+from graphmem.trace.program.ranks import as_rank
 from graphmem.trace.recording import saving
 from graphmem.trace.rules import rules_for
 
@@ -349,9 +350,10 @@ def _as_main(program: Program) -> Iterator[None]:
         sys.argv[:], sys.path[:] = argv, path
 
 
-def trace_program(program: Program, *, gpu: GpuTarget | None = None) -> ProgramTrace:
+def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int = 0) -> ProgramTrace:
     """Run ``program`` under the recorder until its ``program.steps``-th optimizer step ends:
-    on the CPU, or with ``gpu`` its "cuda" that GPU (graphmem.trace.program.gpu).
+    on the CPU, or with ``gpu`` its "cuda" that GPU (graphmem.trace.program.gpu); as ``rank``
+    of its ``nproc_per_node`` (graphmem.trace.program.ranks).
 
     Raises:
         TraceError: the program raised (its own frames named), or ended or exited before its
@@ -369,8 +371,11 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None) -> ProgramT
     workers: list[int] = []
     saves: list[str] = []
     snapshot = lambda: _trace(recorder, books, ())
-    with _as_main(program), quiet_fake_tensor_logs(), on_the_gpu(recorder, gpu, snapshot) if gpu else \
-            contextlib.nullcontext(), data_loading_in_process(workers.append), skipping_saves(saves), \
+    on_gpu = on_the_gpu(recorder, gpu, snapshot) if gpu else contextlib.nullcontext()
+    with _as_main(program), quiet_fake_tensor_logs(), on_gpu, \
+            as_rank(program, rank, gpu is not None, recorder.resized, recorder.silenced, recorder.hold), \
+            data_loading_in_process(workers.append), \
+            skipping_saves(saves), \
             loading_headers_only(recorder.map_from_file), fake_mode, recorder, _hooks(books):
         try:
             if program.module:

@@ -1,4 +1,5 @@
-"""Rules for losses whose output sizes depend on values: CTC (speech recognition heads)."""
+"""Rules for losses: CTC's output sizes depend on values (speech recognition heads); MSE's
+reduced loss keeps the unreduced buffer as its storage."""
 
 from __future__ import annotations
 
@@ -34,3 +35,20 @@ def ctc_loss_outputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
     frames, batch = log_probs.shape[0], log_probs.shape[1]
     return (_contiguous((batch,), log_probs.dtype),
             _contiguous((batch, frames, 2 * longest + 1), log_probs.dtype))
+
+
+@register(aten.mse_loss.default, device="cpu", kind="fake_kernel")
+def mse_loss_output(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ArgMeta:
+    """``mse_loss``: a structured kernel whose meta function (aten/src/ATen/native/Loss.cpp,
+    TORCH_META_FUNC(mse_loss)) builds the output as the broadcast of input and target, then,
+    for a mean or sum, ``resize_({})``: the 0-d loss keeps that whole storage (measured: a mean
+    over 16x256 float32 holds 16,384 bytes).  Every device runs this meta function."""
+    input_, target = args[0], args[1]
+    reduction = args[2] if len(args) > 2 else kwargs.get("reduction", 1)
+    shape = tuple(torch.broadcast_shapes(input_.shape, target.shape))
+    if reduction == 0:
+        return _contiguous(shape, input_.dtype)
+    numel = 1
+    for n in shape:
+        numel *= n
+    return ArgMeta((), input_.dtype, (), storage_numel=numel)

@@ -64,6 +64,7 @@ class ArgMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     stride: tuple[int, ...]
+    storage_numel: int | None = None  # a fake_kernel's output whose storage is larger than its view needs
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,97 @@
+"""One rank of a program launched as ``torchrun --nproc-per-node N`` would launch it.
+
+Input: the ``Program`` and the rank.  Output: ``as_rank``, a context manager under which the
+program sees torchrun's environment for that rank (RANK, LOCAL_RANK, WORLD_SIZE, ...), and
+``torch.distributed.init_process_group`` (any backend, any init method) starts torch's fake
+process group of N ranks as that rank: collectives move nothing and wait for no one, and
+PyTorch's own engines (DDP, FSDP2, DeviceMesh, tensor parallel) run on it as under ``analyze
+--parallel``.  The process group is destroyed on exit if the program left it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from graphmem._torch_api import fake_process_group_store, unset_fake_temporarily
+from graphmem.errors import UnsupportedError
+from graphmem.job.program import Program
+from graphmem.patching import patched
+from graphmem.trace.distributed.parallel import ddp_on_fakes, following_resizes
+
+__all__ = ["as_rank"]
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _meshes_made_for_real(quiet: Callable[[], AbstractContextManager[Any]],
+                          held: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """``init_device_mesh`` outside the fake mode and unrecorded (``quiet``), as analyze makes
+    its meshes: the mesh's rank tensor holds real values (which rank sits where), the rest of
+    the program's tensors are fakes.  The rank tensor is then ``held``: a real CPU tensor the
+    program keeps."""
+    from torch.distributed import device_mesh
+
+    original = device_mesh.init_device_mesh
+
+    def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily(), quiet():
+            mesh = original(*args, **kwargs)
+        held(mesh.mesh)
+        return mesh
+
+    with patched((device_mesh, "init_device_mesh", init_device_mesh)):
+        yield
+
+
+@contextlib.contextmanager
+def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Tensor], None],
+            quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Run the program (inside) as ``rank`` of ``program.nproc_per_node``; ``gpu``: its "cuda"
+    is a GPU (then ``torch.cuda.device_count()`` is the node's N); ``resized(t)``: FSDP2 resized
+    ``t``'s storage, ``quiet()``: the recorder records nothing inside, ``held(t)``: a real
+    tensor the program holds from now on (the recorder's)."""
+    world = program.nproc_per_node
+    if world == 1:
+        yield
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UnsupportedError("this torch build has no torch.distributed; --nproc-per-node needs it")
+    if dist.is_initialized():
+        raise UnsupportedError("a torch.distributed process group is already initialised in this process; "
+                               "graphmem run starts the program's own")
+    start = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:  # the program's backend and rendezvous: ours
+        start("fake", store=fake_process_group_store(), rank=rank, world_size=world)
+
+    counts = [(torch.cuda, "device_count", lambda: world)] if gpu else []
+    with _environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
+            _meshes_made_for_real(quiet, held), \
+            patched((dist, "init_process_group", init_process_group),
+                    (dist.distributed_c10d, "init_process_group", init_process_group), *counts):
+        try:
+            yield
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()

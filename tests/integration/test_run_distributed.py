@@ -1,0 +1,40 @@
+"""graphmem run --nproc-per-node: each rank of a torchrun-style program against the same program
+run for real in that many gloo processes on the CPU (tests/dist_oracles.py's
+measure_program_distributed: live storages counted from each rank's first line to the end of its
+K-th optimizer step): every rank's peak and each step's peak, to the byte."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from graphmem import run_program
+from graphmem.cli import main
+from tests.conftest import ROOT
+from tests.dist_oracles import measure_program_distributed
+
+PROGRAMS = ROOT / "tests" / "programs"
+
+
+@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py"])
+def test_every_rank_equals_the_real_run(program: str) -> None:
+    """DistributedDataParallel (1 MB buckets) and FSDP2 (fully_shard per block, a device mesh
+    made by the program) with the program's own init_process_group("gloo")."""
+    script = str(PROGRAMS / program)
+    real = measure_program_distributed(script, world_size=2, steps=2)
+    report = run_program(script, nproc_per_node=2, ranks="all").train
+    assert report is not None
+    predicted = {r.rank: r.report for r in report.ranks}
+    assert sorted(predicted) == [0, 1]
+    for rank, measured in enumerate(real):
+        assert predicted[rank].peak_bytes == measured["peak_bytes"], rank
+        assert list(predicted[rank].iteration_peaks) == [measured["phase_peaks"][f"step {k}"] for k in (1, 2)]
+
+
+def test_ranks_on_the_command_line() -> None:
+    script = str(PROGRAMS / "ddp.py")
+    result = CliRunner().invoke(main, ["run", "--nproc-per-node", "2", script])
+    assert result.exit_code == 0, result.output
+    assert "torchrun --nproc-per-node 2" in result.output and "ranks 0, 1 of 2 recorded" in result.output
+    outside = CliRunner().invoke(main, ["run", "--nproc-per-node", "2", "--ranks", "5", script])
+    assert outside.exit_code == 2 and "the ranks are 0 to 1" in outside.output
