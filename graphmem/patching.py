@@ -1,4 +1,4 @@
-"""Patch-and-restore: attributes replaced for the length of a ``with`` block (pure helper)."""
+"""Patch-and-restore: attributes replaced for the length of a ``with`` block (pure helpers)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["patched"]
+__all__ = ["patched", "replaced_everywhere"]
 
 _MISSING = object()
 
@@ -28,3 +28,37 @@ def patched(*replacements: tuple[Any, str, Any]) -> Iterator[None]:
                     delattr(owner, name)
             else:
                 setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def replaced_everywhere(table: dict[Any, Any], names: tuple[str, ...]) -> Iterator[None]:
+    """Inside, every loaded module's attribute named in ``names`` whose value is a key of
+    ``table`` holds that key's value instead (a function imported by name, ``from x import f``,
+    included); on exit, every module's attribute that holds a replacement, those bound inside
+    too, holds its original again."""
+    import sys
+
+    def bound_to(wanted: dict[Any, Any]) -> list[tuple[Any, str, Any]]:
+        found = []
+        for module in list(sys.modules.values()):
+            for name in names:
+                value = getattr(module, name, None) if module is not None else None
+                if value is not None and _hashable(value) and value in wanted:
+                    found.append((module, name, wanted[value]))
+        return found
+
+    with patched(*bound_to(table)):
+        try:
+            yield
+        finally:
+            for module, name, original in bound_to({new: old for old, new in table.items()}):
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(module, name, original)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

@@ -228,6 +228,7 @@ class Recorder(TorchDispatchMode):
         # GPU's; see place); None: every storage is the device's
         self.on_gpu: set[int] | None = None
         self.dispatching = 0  # > 0 while an op runs (torch's kernels, not the program's code)
+        self.host_asked = 0  # > 0 while the program's own Python code asks for the CPU (device="cpu", .cpu())
         self.where: Callable[[], str] | None = None  # graphmem run: the program's line running now
         self.mapped: set[int] = set()  # storages mapped from a file (a loaded checkpoint): 0 allocated bytes
 
@@ -295,15 +296,24 @@ class Recorder(TorchDispatchMode):
 
     def place(self, device: Any, in_sids: tuple[int, ...], out_sids: tuple[int, ...]) -> bool:
         """Where the storages an op made live, with ``on_gpu``: on the GPU when the op was asked
-        for the GPU (``device="cuda"``, a copy to it) or, asked for no device, read a tensor on
-        the GPU; on the host otherwise (an explicit CPU device, or only host inputs).  An output
-        that is an input's storage keeps its place.  Returns whether the op ran on the GPU."""
+        for the GPU (``device="cuda"``, a copy to it), or read a tensor on the GPU; on the host
+        when the program's Python code asked for the CPU (``host_asked``: ``device="cpu"``,
+        ``.cpu()``, a tensor made from nothing with no device given: torch's default device), or
+        when it read only host tensors.  A CPU device that torch's C++ code gives
+        (a tensor's options: DDP's buckets from its parameters) is the fakes' device, the GPU's
+        stand-in: it decides nothing.  An op made of nothing and asked for nothing is on the GPU
+        only when C++ asked for it (an explicit device); torch.zeros(n) alone is the host's.
+        An output that is an input's storage keeps its place.  Returns whether the op ran on
+        the GPU."""
         assert self.on_gpu is not None
         on_gpu = self.on_gpu
-        if isinstance(device, (torch.device, str)):
-            here = torch.device(device).type == "cuda"
+        kind = torch.device(device).type if isinstance(device, (torch.device, str)) else None
+        if kind == "cuda":
+            here = True
+        elif self.host_asked and (kind == "cpu" or not in_sids):
+            here = False
         else:
-            here = any(sid in on_gpu for sid in in_sids)
+            here = any(sid in on_gpu for sid in in_sids) or (kind == "cpu" and not in_sids)
         if here:
             on_gpu.update(sid for sid in out_sids if sid not in in_sids and self.storages[sid].created == len(self.ops))
         return here or any(sid in on_gpu for sid in out_sids)

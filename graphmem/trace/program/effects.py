@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from graphmem.patching import patched
+from graphmem.patching import replaced_everywhere
 
 __all__ = ["program_line", "skipping_saves"]
 
@@ -66,25 +66,28 @@ def _skip(skipped: list[str], what: str, target_at: int | str) -> Any:
 
 
 def _optional(module: str, names: tuple[str, ...], what: str, target_at: int | str,
-              skipped: list[str]) -> list[tuple[Any, str, Any]]:
-    """Patches for an optional library's save functions (none where it is not installed)."""
+              skipped: list[str]) -> dict[Any, Any]:
+    """An optional library's save functions -> their skipping ones (none where it is not installed)."""
     if importlib.util.find_spec(module.split(".")[0]) is None:
-        return []
+        return {}
     try:
         owner = importlib.import_module(module)
     except Exception:  # a library that does not import here is not the program's to save with
-        return []
-    return [(owner, name, _skip(skipped, f"{what}.{name}", target_at)) for name in names if hasattr(owner, name)]
+        return {}
+    return {getattr(owner, name): _skip(skipped, f"{what}.{name}", target_at) for name in names if hasattr(owner, name)}
 
 
 @contextlib.contextmanager
 def skipping_saves(skipped: list[str]) -> Iterator[None]:
     """Inside, checkpoint saves write nothing; each is appended to ``skipped`` as
-    ``"torch.save to PATH (file:line)"``."""
-    replacements = [(torch, "save", _skip(skipped, "torch.save", 1)),
-                    *_optional("safetensors.torch", ("save_file", "save_model"), "safetensors", 1, skipped)]
+    ``"torch.save to PATH (file:line)"``.  A library that bound a save function by name (as
+    transformers binds safetensors' ``save_file``) is given the skipping one too, and its own
+    back afterwards."""
+    savers = {torch.save: _skip(skipped, "torch.save", 1),
+              **_optional("safetensors.torch", ("save_file", "save_model"), "safetensors", 1, skipped)}
     if "torch.distributed.checkpoint" in sys.modules:  # DCP: only a program that imported it saves with it
-        replacements += _optional("torch.distributed.checkpoint", ("save", "async_save", "save_state_dict"),
-                                  "torch.distributed.checkpoint", "checkpoint_id", skipped)
-    with patched(*replacements):
+        savers |= _optional("torch.distributed.checkpoint", ("save", "async_save", "save_state_dict"),
+                            "torch.distributed.checkpoint", "checkpoint_id", skipped)
+    with replaced_everywhere(savers, ("save", "save_file", "save_model", "safe_save_file", "async_save",
+                                      "save_state_dict")):
         yield

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-from graphmem._torch_api import fake_mode_without_cuda, fakes_show_device, parse_to
+from graphmem._torch_api import fake_mode_without_cuda, fakes_show_device, parse_to, tree_flatten
 from graphmem.patching import patched
 from graphmem.records import Trace
 from graphmem.trace.core.recorder import Recorder
@@ -200,6 +201,7 @@ def _moves(recorder: Recorder) -> list[tuple[Any, str, Any]]:
         if args and isinstance(args[0], torch.Tensor):  # .to(other): other's device (as it says) and dtype
             return placed(self, args[0].device, args[0].dtype, *args[1:], **kwargs)
         copy = bool(kwargs.pop("copy", False))
+        kwargs = dict(kwargs)
         if len(args) > 3 or (args and isinstance(args[0], torch.dtype) and len(args) > 2):  # (..., non_blocking, copy)
             *args, copy = args  # type: ignore[assignment]
         device, dtype, non_blocking, memory_format = parse_to(*args, **kwargs)
@@ -211,9 +213,13 @@ def _moves(recorder: Recorder) -> list[tuple[Any, str, Any]]:
             here: torch.Tensor = to(self, _CPU, dtype, non_blocking=non_blocking, copy=copy,
                                     **({"memory_format": memory_format} if memory_format is not None else {}))
             return here
-        made: torch.Tensor = _COPY(self, dtype=dtype or self.dtype, device=_CUDA if gpu else _CPU,
-                                   non_blocking=non_blocking,
-                                   **({"memory_format": memory_format} if memory_format is not None else {}))
+        recorder.host_asked += not gpu
+        try:
+            made: torch.Tensor = _COPY(self, dtype=dtype or self.dtype, device=_CUDA if gpu else _CPU,
+                                       non_blocking=non_blocking,
+                                       **({"memory_format": memory_format} if memory_format is not None else {}))
+        finally:
+            recorder.host_asked -= not gpu
         return made
 
     return [(torch.Tensor, "to", moved),
@@ -224,6 +230,30 @@ def _moves(recorder: Recorder) -> list[tuple[Any, str, Any]]:
             (torch.Tensor, "record_stream", lambda self, stream: None),
             (torch.Tensor, "get_device", lambda self: 0 if recorder.is_on_gpu(self) else -1),
             (nn.Module, "cuda", lambda self, device=None: self.to(_CUDA))]
+
+
+class _HostAsked(TorchFunctionMode):
+    """Marks the program's Python calls that ask for the CPU while they run (``device="cpu"``,
+    ``torch.zeros(n, device=x.device)`` of a host ``x``, ``torch.randint(...)`` with no device:
+    the default device): the recorder then places what they make on the host (see
+    ``Recorder.place``).  Calls from torch's C++ code never pass here."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is None:  # made from nothing, on torch's default device (the CPU, unless a device context says)
+            asked = not any(isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0])
+        else:
+            asked = isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
+        self.recorder.host_asked += asked
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.recorder.host_asked -= asked
 
 
 def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
@@ -287,5 +317,5 @@ def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]
     counters = _Counters(recorder, gpu, snapshot)
     shown = lambda t: recorder.dispatching == 0 and recorder.is_on_gpu(t)
     with fake_mode_without_cuda(), patched(*_answers(gpu, counters), *_moves(recorder), *_autocasts()), \
-            fakes_show_device(_CUDA, shown), gpu.kernels:
+            fakes_show_device(_CUDA, shown), gpu.kernels, _HostAsked(recorder):
         yield

@@ -20,13 +20,12 @@ import importlib.util
 import json
 import os
 import struct
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from graphmem.patching import patched
+from graphmem.patching import replaced_everywhere
 
 __all__ = ["loading_headers_only"]
 
@@ -136,32 +135,8 @@ def loading_headers_only(mapped: Callable[[torch.Tensor], None]) -> Iterator[Non
 
     readers = {safetensors.safe_open: _HeaderOnly, safetensors.torch.load_file: _load_file,
                safetensors.torch.load: _load}
-    names = ("safe_open", "load_file", "load", "safe_load_file")
-
-    def bound_to(table: dict[Any, Any]) -> list[tuple[Any, str, Any]]:
-        """(module, name, replacement) for every loaded module whose ``name`` is a key of ``table``."""
-        found = []
-        for module in list(sys.modules.values()):
-            for name in names:
-                value = getattr(module, name, None) if module is not None else None
-                if value is not None and _hashable(value) and value in table:
-                    found.append((module, name, table[value]))
-        return found
-
-    with patched(*bound_to(readers)):
-        try:
-            yield
-        finally:  # modules the program imported inside bound a header reader by name: theirs back
-            _MAPPED.remove(mapped)
-            originals = {reader: original for original, reader in readers.items()}
-            for module, name, original in bound_to(originals):
-                with contextlib.suppress(AttributeError, TypeError):
-                    setattr(module, name, original)
-
-
-def _hashable(value: Any) -> bool:
     try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
+        with replaced_everywhere(readers, ("safe_open", "load_file", "load", "safe_load_file")):
+            yield
+    finally:
+        _MAPPED.remove(mapped)
