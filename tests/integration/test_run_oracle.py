@@ -45,6 +45,12 @@ def test_hf_trainer_script(tmp_path: Path) -> None:
     _equal(PROGRAMS / "hf_trainer.py", [str(tmp_path / "out")])
 
 
+def test_lightning_trainer_fit() -> None:
+    """Lightning's Trainer.fit (its own loop, closure-based optimizer step, an MSE loss)."""
+    pytest.importorskip("lightning")  # imported before both: its import-time tensors count in neither
+    _equal(PROGRAMS / "lightning_fit.py", [])
+
+
 def test_module_form_runs_as_python_m(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """-m MODULE: found from the working folder, as python -m finds it; the same bytes as the script."""
     package = tmp_path / "trainpkg"
