@@ -156,3 +156,13 @@ def test_from_pretrained_reads_headers_only(tmp_path: object) -> None:
     assert header.peak_bytes == whole.peak_bytes and header.iteration_peaks == whole.iteration_peaks
     assert header.allocator.reserved_peak_bytes == whole.allocator.reserved_peak_bytes
     assert whole.params_bytes == params
+
+
+def test_lightning_on_the_gpu() -> None:
+    """Lightning takes the GPU it is told of (accelerator="auto") and steps the optimizer with a
+    closure that runs the forward and backward inside the step: the update after the closure is
+    the optimizer phase, in the foreach implementation PyTorch picks for CUDA parameters."""
+    pytest.importorskip("lightning")
+    result = CliRunner().invoke(main, ["run", "--gpu", "h100", str(PROGRAMS / "lightning_fit.py"), "auto"])
+    assert result.exit_code == 0, result.output
+    assert "Adam (foreach)" in result.output and re.search(r"device\s+cuda, h100-80gb", result.output)

@@ -1,5 +1,6 @@
 """A Lightning program as users write it: a LightningModule, a DataLoader over an in-memory
-dataset, Trainer.fit on the CPU with max_steps (no checkpoints, no logger, no progress bar)."""
+dataset, Trainer.fit with max_steps (no checkpoints, no logger, no progress bar).  The first
+argument is the accelerator (default cpu; auto takes the GPU when there is one)."""
 
 import sys
 
@@ -25,7 +26,7 @@ class Regressor(L.LightningModule):
 
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(256, 128), torch.randn(256, 1))
-trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=int(sys.argv[1]) if len(sys.argv) > 1 else 4,
+trainer = L.Trainer(accelerator=sys.argv[1] if len(sys.argv) > 1 else "cpu", devices=1, max_steps=4,
                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False)
 trainer.fit(Regressor(), DataLoader(data, batch_size=32))

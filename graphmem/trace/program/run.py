@@ -160,10 +160,10 @@ class _Books:
                 self.recorder.mark(p.grad, Role.GRADIENT, f"{name}.grad", owner=name)
 
     # -- the optimizer ----------------------------------------------------------------
-    def step_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def step_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         recorder = self.recorder
         if self._is_replica(opt):
-            return
+            return None
         if type(opt).__name__ not in self.optimizers:
             self.optimizers.append(type(opt).__name__)
         for g, group in enumerate(opt.param_groups):
@@ -172,6 +172,24 @@ class _Books:
         self.gradients()
         recorder.phase = Phase.OPTIMIZER
         recorder.scalar_reads, recorder._read_index = self._replica_reads(opt), 0
+        return self._closure_then_the_step(args, kwargs)
+
+    def _closure_then_the_step(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """``step(closure)`` (Lightning, LBFGS): the closure runs the forward and the backward
+        inside the step; the update after it is the optimizer phase again."""
+        closure = kwargs.get("closure", args[0] if args else None)
+        if not callable(closure):
+            return None
+
+        def then_the_step() -> Any:
+            result = closure()
+            self.gradients()
+            self.recorder.phase = Phase.OPTIMIZER
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": then_the_step}
+        return (then_the_step, *args[1:]), kwargs
 
     def step_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         recorder = self.recorder
