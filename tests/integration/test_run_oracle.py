@@ -149,3 +149,14 @@ def test_the_peak_and_each_top_tensor_name_the_programs_line() -> None:
     assert train["peak"]["phase"] == "optimizer" and source(train["peak"]["line"]) == "opt.step()"
     made = {t["category"]: source(t["line"]) for t in train["top_tensors"] if "line" in t}
     assert made["gradients"] == "loss.backward()" and made["parameters"].startswith("model = nn.Sequential(")
+
+
+def test_a_program_that_never_steps_is_stopped_by_timeout_naming_its_line() -> None:
+    """--timeout: exit 3, and the error names the program's line it was running."""
+    import subprocess
+
+    script = PROGRAMS / "never_steps.py"
+    done = subprocess.run([sys.executable, "-m", "graphmem", "run", "--timeout", "3", str(script)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 3, done.stderr
+    assert "timed out after 3" in done.stderr and "never_steps.py:10" in done.stderr

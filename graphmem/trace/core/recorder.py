@@ -487,7 +487,8 @@ class Recorder(TorchDispatchMode):
         self._add_node(func, args, kwargs, out)
         recompute = self.phase == Phase.BACKWARD and bool(self.module_stack)
         if index % _PROGRESS_EVERY == 0 and progress.active():
-            progress.show(f"recording: iteration {self.iteration + 1}, {self.phase.value}, {index:,} ops")
+            where = f", at {self.where()}" if self.where is not None else ""  # graphmem run: the program's line
+            progress.show(f"recording: iteration {self.iteration + 1}, {self.phase.value}, {index:,} ops{where}")
         flops = self._flops(func, args, kwargs, out)
         if isinstance(scratch, torch.SymInt) or isinstance(flops, torch.SymInt):
             self.op_sizes[index] = (expr_of(scratch), expr_of(flops))
