@@ -652,6 +652,30 @@ def _child_env(**values: str) -> Any:
                 os.environ[k] = v
 
 
+def _spawn_ranks(main: Callable[..., None], cfg: dict[str, Any], world_size: int, outdir: str) -> None:
+    """Run ``main(rank, cfg, outdir)`` in ``world_size`` spawned processes and wait for them all.
+
+    Raises RuntimeError when a rank fails (with the ranks' tracebacks) or the run takes longer
+    than TIMEOUT_S; the ranks are then killed."""
+    import torch.multiprocessing as mp
+
+    with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
+        context = mp.start_processes(main, args=(cfg, outdir), nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"distributed oracle timed out after {TIMEOUT_S:.0f} s: {cfg}")
+    except Exception as error:
+        errors = "\n".join(p.read_text() for p in sorted(Path(outdir).glob("rank*.err")))
+        raise RuntimeError(f"distributed oracle failed: {cfg}\n{errors or error}") from error
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)
+
+
 def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, world_size: int = 2,
                         optimizer: str = "adam", loss: str = "sum", iterations: int = 2,
                         units: Sequence[str] = (), reshard_after_forward: bool | None = None,
@@ -668,7 +692,6 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
     """
     import json
 
-    import torch.multiprocessing as mp
 
     if strategy not in ("ddp", "fsdp", "zero1", "tp", "fsdp_tp", "pp", "hsdp"):
         raise ValueError(f"unknown strategy {strategy!r} (ddp, fsdp, zero1, tp, fsdp_tp, pp)")
@@ -682,22 +705,7 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
            "microbatches": microbatches or world_size, "schedule": schedule, "pp_stage": pp_stage,
            "pp_shapes": pp_shapes}
     with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
-        with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
-            context = mp.start_processes(_rank_main, args=(cfg, outdir), nprocs=world_size,
-                                         join=False, start_method="spawn")
-        deadline = time.monotonic() + TIMEOUT_S
-        try:
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"distributed oracle timed out after {TIMEOUT_S:.0f} s: {cfg}")
-        except Exception as error:
-            errors = "\n".join(p.read_text() for p in sorted(Path(outdir).glob("rank*.err")))
-            raise RuntimeError(f"distributed oracle failed: {cfg}\n{errors or error}") from error
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                process.join(timeout=5)
+        _spawn_ranks(_rank_main, cfg, world_size, outdir)
         results = []
         LAST_DETAILS.clear()
         for rank in range(world_size):
@@ -782,24 +790,8 @@ def measure_program_distributed(script: str, argv: Sequence[str] = (), *, world_
     "phase_peaks"} ("step N": the peak from the end of step N-1 to the end of step N)."""
     import json
 
-    import torch.multiprocessing as mp
 
     cfg = {"script": script, "argv": list(argv), "world_size": world_size, "steps": steps}
     with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
-        with _child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
-            context = mp.start_processes(_program_rank_main, args=(cfg, outdir), nprocs=world_size,
-                                         join=False, start_method="spawn")
-        deadline = time.monotonic() + TIMEOUT_S
-        try:
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"distributed program oracle timed out after {TIMEOUT_S:.0f} s: {cfg}")
-        except Exception as error:
-            errors = "\n".join(p.read_text() for p in sorted(Path(outdir).glob("rank*.err")))
-            raise RuntimeError(f"distributed program oracle failed: {cfg}\n{errors or error}") from error
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                process.join(timeout=5)
+        _spawn_ranks(_program_rank_main, cfg, world_size, outdir)
         return [json.loads(Path(outdir, f"rank{rank}.json").read_text()) for rank in range(world_size)]

@@ -39,7 +39,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
-    TorchDispatchMode,
     data_loading_in_process,
     fakes_take_foreach_paths,
     is_fake,
@@ -58,13 +57,14 @@ from graphmem.trace.program.loads import loading_headers_only
 from graphmem.trace.program.ranks import as_rank
 from graphmem.trace.recording import saving
 from graphmem.trace.rules import rules_for
+from graphmem.trace.step.replica import ValueReads
 
 __all__ = ["ProgramTrace", "trace_program"]
 
-_READ = torch.ops.aten._local_scalar_dense.default
 # graphmem run's own options, named in the error when a program that refused its argv got one
 _RUN_OPTIONS = frozenset({"--steps", "--device", "--format", "--units", "--output", "-o", "--debug", "--timeout",
-                          "--progress", "--no-progress", "--depth", "--top", "--timeline", "--snapshot", "--html"})
+                          "--progress", "--no-progress", "--depth", "--top", "--timeline", "--snapshot", "--html",
+                          "--gpu", "--sdpa", "--alloc-conf", "--budget", "--margin", "--nproc-per-node", "--ranks"})
 
 
 @dataclass(frozen=True)
@@ -81,20 +81,6 @@ class ProgramTrace:
 class _Enough(BaseException):
     """Raised at the end of the last optimizer step recorded; not an Exception, so the program's
     ``except Exception`` blocks let it through and its ``finally`` blocks run."""
-
-
-class _Reads(TorchDispatchMode):
-    """Collects the values a real optimizer step reads (``.item()``), in order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: list[Any] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func == _READ:
-            self.values.append(out)
-        return out
 
 
 class _Books:
@@ -222,7 +208,7 @@ class _Books:
             replica = self.replicas[key]
             if replica is None:
                 return []
-            reads = _Reads()
+            reads = ValueReads()
             with reads:
                 for group in replica.param_groups:
                     for p in group["params"]:

@@ -20,12 +20,14 @@ from graphmem._torch_api import TorchDispatchMode
 from graphmem.job.step import StepConfig
 from graphmem.trace.step.optim import make_optimizer
 
-__all__ = ["optimizer_scalar_reads"]
+__all__ = ["ValueReads", "optimizer_scalar_reads"]
 
 _READ = torch.ops.aten._local_scalar_dense.default
 
 
-class _Reads(TorchDispatchMode):
+class ValueReads(TorchDispatchMode):
+    """Collects the values a real optimizer step reads (``.item()``), in order."""
+
     def __init__(self) -> None:
         super().__init__()
         self.values: list[Any] = []
@@ -51,7 +53,7 @@ def optimizer_scalar_reads(param_ndims: Sequence[int], step: StepConfig, device:
     if opt is None:
         return []
     scaler = torch.amp.GradScaler("cpu", enabled=True) if step.amp == "fp16" else None
-    reads = _Reads()
+    reads = ValueReads()
     with reads:
         for _ in range(step.iterations):
             for p in params:
