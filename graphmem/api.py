@@ -321,7 +321,7 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
 def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
                 device: str = "cpu", gpu: str | None = None, alloc_conf: str | None = None, sdpa: str = "auto",
-                nproc_per_node: int = 1, ranks: str | Sequence[int] = "auto",
+                nproc_per_node: int = 1, nnodes: int = 1, ranks: str | Sequence[int] = "auto",
                 policy: str = "observed") -> MemoryReport:
     """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
     MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
@@ -337,8 +337,8 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         gpu: the GPU preset; implies ``device="cuda"``.
         alloc_conf: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).
         sdpa: the attention backend on the GPU (``auto``: PyTorch's choice).
-        nproc_per_node: processes, as ``torchrun --nproc-per-node`` starts them (with a string
-            ``program``; a ``Program`` carries its own).
+        nproc_per_node, nnodes: processes per node and nodes, as ``torchrun --nproc-per-node
+            --nnodes`` starts them (with a string ``program``; a ``Program`` carries its own).
         ranks: which to record: ``auto`` (rank 0 and the last), ``all``, or a list.
         policy: storage release policy (graphmem.memory.liveness).
 
@@ -354,10 +354,11 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     if device not in ("cpu", "cuda"):
         raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
     if isinstance(program, str):
-        program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node)
+        program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
+                               nnodes=nnodes)
     scratch = {str(op) for op in rules_for(device).scratch}
     cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
-    chosen = program_ranks(ranks, program.nproc_per_node)
+    chosen = program_ranks(ranks, program.world_size)
 
     def one(rank: int) -> tuple[ModeReport, str]:
         target = None
@@ -370,7 +371,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
 
             target = GpuTarget(cuda[0].product, cuda[0].total_memory_bytes, cuda[0].compute_capability,
                                CudaKernels(cuda[0], sdpa), memory)
-        progress.show(f"running {program.command}" + (f" as rank {rank}" if program.nproc_per_node > 1 else ""))
+        progress.show(f"running {program.command}" + (f" as rank {rank}" if program.world_size > 1 else ""))
         traced = trace_program(program, gpu=target, rank=rank)
         progress.show(f"analysing {len(traced.trace.ops):,} ops")
         report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
@@ -381,16 +382,16 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
 
     recorded = [(rank, *one(rank)) for rank in chosen]
     train, model = recorded[0][1], recorded[0][2]
-    if program.nproc_per_node > 1:
+    if program.world_size > 1:
         reports = sorted((RankReport(rank, (rank,), report) for rank, report, _ in recorded),
                          key=lambda r: (-r.report.budget_peak_bytes, r.rank))
-        note = (f"ranks {', '.join(map(str, chosen))} of {program.nproc_per_node} recorded"
+        note = (f"ranks {', '.join(map(str, chosen))} of {program.world_size} recorded"
                 + (" (rank 0 and the last; --ranks all records every rank)" if ranks == "auto" else ""))
         train = replace(reports[0].report, ranks=tuple(reports),
                         assumptions=(*reports[0].report.assumptions, note))
     return MemoryReport(target=model, device=device, inputs=(), inference=None, train=train,
                         program=program.command, gpu=cuda[0] if cuda else None,
-                        parallel=f"{program.nproc_per_node} processes" if program.nproc_per_node > 1 else None)
+                        parallel=f"{program.world_size} processes" if program.world_size > 1 else None)
 
 
 def program_ranks(ranks: str | Sequence[int], world: int) -> tuple[int, ...]:

@@ -204,6 +204,8 @@ def _budget_options(command: Any) -> Any:
               help="Processes on the node, as torchrun --nproc-per-node starts them: each sees torchrun's "
                    "RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process group of "
                    "that many ranks in which collectives move nothing. Memory per process.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes, as torchrun --nnodes: RANK runs over all of them, LOCAL_RANK and GROUP_RANK per node.")
 @click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
               help="With --nproc-per-node: the ranks to record (auto: rank 0 and the last).")
 @click.option("--gpu", default=None, metavar="NAME",
@@ -228,7 +230,7 @@ def _budget_options(command: Any) -> Any:
 @_budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int, ranks: str,
+def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int, nnodes: int, ranks: str,
                 gpu: str | None, sdpa: str,
                 alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
                 output: str | None,
@@ -259,7 +261,7 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
         gpu = gpu or (DEFAULT_GPU if device == "cuda" else None)
         limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
         chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
-                              nproc_per_node=nproc_per_node)
+                              nproc_per_node=nproc_per_node, nnodes=nnodes)
 
         def again(conf: str | None) -> MemoryReport:
             return run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=conf, ranks=ranks)

@@ -23,23 +23,32 @@ class Program:
     argv: tuple[str, ...] = ()
     module: bool = False  # ``-m``
     steps: int = 2
-    nproc_per_node: int = 1  # processes on the node, as torchrun --nproc-per-node starts them
+    nproc_per_node: int = 1  # processes on each node, as torchrun --nproc-per-node starts them
+    nnodes: int = 1  # nodes, as torchrun --nnodes
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
 
     @property
     def command(self) -> str:
-        launcher = ["torchrun", f"--nproc-per-node {self.nproc_per_node}"] if self.nproc_per_node > 1 else ["python"]
+        launcher = ["python"]
+        if self.world_size > 1:
+            launcher = ["torchrun", *([f"--nnodes {self.nnodes}"] if self.nnodes > 1 else []),
+                        f"--nproc-per-node {self.nproc_per_node}"]
         return " ".join([*launcher, *(["-m"] if self.module else []), self.target, *self.argv])
 
     def rank_environment(self, rank: int) -> dict[str, str]:
-        """The variables torchrun sets for ``rank`` (one node)."""
-        world = str(self.nproc_per_node)
-        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world,
-                "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world, "NODE_RANK": "0",
+        """The variables torchrun sets for global ``rank`` (node ``rank // nproc_per_node``)."""
+        node, local = divmod(rank, self.nproc_per_node)
+        world, per_node = str(self.world_size), str(self.nproc_per_node)
+        return {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": per_node,
+                "GROUP_RANK": str(node), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world, "NODE_RANK": str(node),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "graphmem"}
 
 
 def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
-                 nproc_per_node: int = 1) -> Program:
+                 nproc_per_node: int = 1, nnodes: int = 1) -> Program:
     """A checked Program.
 
     Raises:
@@ -47,9 +56,11 @@ def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = Fals
     """
     if steps < 1:
         raise UserInputError(f"--steps {steps}: record at least one optimizer step")
-    if nproc_per_node < 1:
-        raise UserInputError(f"--nproc-per-node {nproc_per_node}: give at least one process")
+    if nproc_per_node < 1 or nnodes < 1:
+        raise UserInputError(f"--nproc-per-node {nproc_per_node} --nnodes {nnodes}: give at least one process "
+                             "on at least one node")
     if not module and not os.path.isfile(target):
         raise UserInputError(f"no such program: {target!r}; give the path of a Python script "
                              "(graphmem run train.py ARGS) or a module with -m (graphmem run -m pkg.train ARGS)")
-    return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node)
+    return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
+                   nnodes=nnodes)

@@ -38,3 +38,14 @@ def test_ranks_on_the_command_line() -> None:
     assert "torchrun --nproc-per-node 2" in result.output and "ranks 0, 1 of 2 recorded" in result.output
     outside = CliRunner().invoke(main, ["run", "--nproc-per-node", "2", "--ranks", "5", script])
     assert outside.exit_code == 2 and "the ranks are 0 to 1" in outside.output
+
+
+def test_nodes_give_each_rank_torchruns_environment() -> None:
+    """--nnodes 2 --nproc-per-node 2: global ranks 0-3, LOCAL_RANK and GROUP_RANK per node, one
+    process group of 4 (the program prints what it sees)."""
+    script = str(PROGRAMS / "ddp.py")
+    result = CliRunner().invoke(main, ["run", "--nnodes", "2", "--nproc-per-node", "2", "--ranks", "all", script])
+    assert result.exit_code == 0, result.output
+    for rank in range(4):
+        assert f"rank {rank} local {rank % 2} node {rank // 2} world 4" in result.output
+    assert "torchrun --nnodes 2 --nproc-per-node 2" in result.output

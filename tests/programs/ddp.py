@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 rank = dist.get_rank()
+print(f"rank {rank} local {os.environ['LOCAL_RANK']} node {os.environ['GROUP_RANK']} world {dist.get_world_size()}")
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).to(device)

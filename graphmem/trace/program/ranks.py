@@ -65,11 +65,11 @@ def _meshes_made_for_real(quiet: Callable[[], AbstractContextManager[Any]],
 @contextlib.contextmanager
 def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Tensor], None],
             quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None]) -> Iterator[None]:
-    """Run the program (inside) as ``rank`` of ``program.nproc_per_node``; ``gpu``: its "cuda"
-    is a GPU (then ``torch.cuda.device_count()`` is the node's N); ``resized(t)``: FSDP2 resized
+    """Run the program (inside) as global ``rank`` of ``program.world_size``; ``gpu``: its "cuda"
+    is a GPU (then ``torch.cuda.device_count()`` is the node's ``nproc_per_node``); ``resized(t)``: FSDP2 resized
     ``t``'s storage, ``quiet()``: the recorder records nothing inside, ``held(t)``: a real
     tensor the program holds from now on (the recorder's)."""
-    world = program.nproc_per_node
+    world = program.world_size
     if world == 1:
         yield
         return
@@ -85,7 +85,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
     def init_process_group(*args: Any, **kwargs: Any) -> None:  # the program's backend and rendezvous: ours
         start("fake", store=fake_process_group_store(), rank=rank, world_size=world)
 
-    counts = [(torch.cuda, "device_count", lambda: world)] if gpu else []
+    counts = [(torch.cuda, "device_count", lambda: program.nproc_per_node)] if gpu else []
     with _environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
             _meshes_made_for_real(quiet, held), \
             patched((dist, "init_process_group", init_process_group),

@@ -64,7 +64,8 @@ __all__ = ["ProgramTrace", "trace_program"]
 # graphmem run's own options, named in the error when a program that refused its argv got one
 _RUN_OPTIONS = frozenset({"--steps", "--device", "--format", "--units", "--output", "-o", "--debug", "--timeout",
                           "--progress", "--no-progress", "--depth", "--top", "--timeline", "--snapshot", "--html",
-                          "--gpu", "--sdpa", "--alloc-conf", "--budget", "--margin", "--nproc-per-node", "--ranks"})
+                          "--gpu", "--sdpa", "--alloc-conf", "--budget", "--margin", "--nproc-per-node", "--nnodes",
+                          "--ranks"})
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,9 @@ class _Books:
         model's from the root, as analyze names them; a later one's under its class name) and
         its parameters and buffers their names."""
         prefix = f"{type(model).__name__}." if self.models else ""
-        self.models.append(type(model).__name__)
+        inner = getattr(model, "module", None)  # DistributedDataParallel / DataParallel wrap the model
+        self.models.append(f"{type(inner).__name__} ({type(model).__name__})" if isinstance(inner, nn.Module)
+                           else type(model).__name__)
         for name, module in model.named_modules(remove_duplicate=False):
             self.paths.setdefault(id(module), (prefix + name).rstrip(".") if name or prefix else "")
         for name, p in model.named_parameters():
