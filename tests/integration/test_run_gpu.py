@@ -166,3 +166,18 @@ def test_lightning_on_the_gpu() -> None:
     result = CliRunner().invoke(main, ["run", "--gpu", "h100", str(PROGRAMS / "lightning_fit.py"), "auto"])
     assert result.exit_code == 0, result.output
     assert "Adam (foreach)" in result.output and re.search(r"device\s+cuda, h100-80gb", result.output)
+
+
+def test_nanogpt_style_script_on_the_gpu(tmp_path: object) -> None:
+    """The same script on the GPU: bf16 autocast held in one object entered again and again
+    (``ctx = torch.amp.autocast(...)``), fused AdamW, pinned batches moved non-blocking; the
+    memmapped corpus stays on the host."""
+    report = run_program(str(PROGRAMS / "nanogpt_style.py"), ["--out", str(tmp_path)], gpu="h100").train
+    assert report is not None and report.allocator is not None
+    # bf16, causal, head dim 32: flash; 2 blocks x 6 forwards (2 evaluation batches, 2 steps x 2 micro-batches)
+    assert report.sdpa_backends == {"flash": 12}
+    made = {s.sid: report.trace.ops[s.created].op for s in report.trace.storages if s.created >= 0}
+    stacked = [s for s in report.trace.storages if made.get(s.sid) == "aten.stack.default" and s.shape == (8, 64)]
+    moved = [s for s in report.trace.storages if made.get(s.sid) == "aten._to_copy.default" and s.shape == (8, 64)]
+    assert stacked and all(s.nbytes == 0 for s in stacked)  # each batch stacked on the host...
+    assert moved and all(s.nbytes == 8 * 64 * 8 for s in moved)  # ...and its copy on the GPU

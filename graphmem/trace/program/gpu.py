@@ -27,9 +27,11 @@ unchanged on a CPU-only torch, and the recorder knows which storages are the GPU
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +164,30 @@ class _Counters:
         return stats | {"reserved_bytes.all.current": now.reserved, "reserved_bytes.all.peak": now.max_reserved}
 
 
+class _CudaAutocast:
+    """``torch.autocast("cuda", dtype)`` as torch's own object behaves: entered any number of
+    times (nested too), or used as a decorator; each entry is CUDA's autocast on the fakes."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._open: list[AbstractContextManager[None]] = []
+
+    def __enter__(self) -> None:
+        region = cuda_autocast(self.dtype)
+        region.__enter__()
+        self._open.append(region)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._open.pop().__exit__(*exc)
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def autocast_region(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+        return autocast_region
+
+
 def _autocasts() -> list[tuple[Any, str, Any]]:
     """``torch.autocast("cuda", ...)`` and ``torch.cuda.amp.autocast(...)`` as CUDA's autocast on
     the fakes; any other device's as before."""
@@ -173,7 +199,7 @@ def _autocasts() -> list[tuple[Any, str, Any]]:
             return original(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         if not enabled:  # a region inside an autocast one that turns it off (a loss in float32)
             return original("cpu", enabled=False)
-        return cuda_autocast(dtype or torch.float16)
+        return _CudaAutocast(dtype or torch.float16)
 
     def cuda_amp(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
         return autocast("cuda", dtype=dtype, enabled=enabled)
