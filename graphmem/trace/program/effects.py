@@ -29,19 +29,28 @@ _NOT_THE_PROGRAM = ("/torch/", "/graphmem/", "/safetensors/", "runpy.py", "<froz
 
 
 def program_line() -> str:
-    """``file:line`` of the innermost frame on the stack in the program's (or its libraries')
-    own code: not torch's, not graphmem's."""
+    """``file:line`` of the innermost frame on the stack in the program's own code (not an
+    installed library's); else in an installed library's (transformers' Trainer), never
+    torch's or graphmem's."""
     frame = sys._getframe(1)
+    library = None
     while frame is not None:
-        if _is_the_programs(frame.f_code.co_filename):
-            return _line(frame.f_code.co_filename, frame.f_lineno)
+        path = frame.f_code.co_filename
+        kind = _kind(path)
+        if kind == "program":
+            return _line(path, frame.f_lineno)
+        if kind == "library" and library is None:
+            library = _line(path, frame.f_lineno)
         frame = frame.f_back  # type: ignore[assignment]
-    return "?"
+    return library or "?"
 
 
 @functools.cache
-def _is_the_programs(path: str) -> bool:
-    return not any(part in path for part in _NOT_THE_PROGRAM)
+def _kind(path: str) -> str:
+    """"program", "library" (installed: site-packages) or "torch" (torch, graphmem, Python's own)."""
+    if any(part in path for part in _NOT_THE_PROGRAM):
+        return "torch"
+    return "library" if "-packages/" in path else "program"
 
 
 @functools.cache
