@@ -4,10 +4,14 @@ Input: a ``Program`` (a script or ``-m`` module, its argv, the optimizer steps t
 for a GPU, a ``GpuTarget``.  Output: a ``ProgramTrace``.  Knows nothing of categories, peaks,
 allocators, reports or the command line (the GPU's memory answers are a function it is given).
 
-- ``run``: the program under the recorder, its models, optimizers and steps named through
-  global hooks, stopped after its K-th optimizer step;
+- ``run``: the program under the recorder as Python runs it, stopped after its K-th step;
+- ``books``: the global hooks that name its models, inputs, outputs, gradients, optimizer
+  state and steps;
 - ``gpu``: the program's "cuda" as the target GPU on fake CPU tensors: which storages are on
-  the GPU, what the program's ``torch.cuda`` calls answer.
+  the GPU, what the program's ``torch.cuda`` calls answer;
+- ``ranks``: one rank of a torchrun-style launch, on torch's fake process group;
+- ``loads`` and ``effects``: checkpoints read from their headers only, saves skipped, the
+  program's own line for each op.
 """
 
 from __future__ import annotations
