@@ -56,6 +56,7 @@ __all__ = [
     "pipeline_inference_mode",
     "sdp_priority_order",
     "backward_keeping_modes",
+    "backward_without_hop",
     "count_flops",
     "current_autograd_node",
     "expr_of",
@@ -210,6 +211,20 @@ def backward_keeping_modes(loss: torch.Tensor) -> None:
 
     grads = _make_grads((loss,), (None,), is_grads_batched=False)
     _engine_run_backward((loss,), grads, False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+def backward_without_hop(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None = None,
+                         create_graph: bool = False, inputs: Any = None) -> None:
+    """``torch.autograd.backward(...)`` without its torch-function hop (see
+    ``backward_keeping_modes``): the TorchFunctionModes active now stay active in the backward."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grad_tensors, len(tensors)), is_grads_batched=False)
+    _engine_run_backward(tensors, grads, create_graph if retain_graph is None else retain_graph, create_graph,
+                         inputs, allow_unreachable=True, accumulate_grad=True)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -364,6 +364,8 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         target = None
         if cuda is not None:
             def memory(trace: Trace, since: int) -> GpuMemory:
+                if not trace.ops:  # asked before the program ran an op: nothing allocated yet
+                    return GpuMemory(0, 0, 0, 0)
                 report = build_mode_report(trace, compute_lifetimes(trace, policy), scratch)
                 stats = model_cuda_allocator(report, *cuda)
                 allocated, reserved = stats.peaks_from(since)

@@ -181,3 +181,16 @@ def test_nanogpt_style_script_on_the_gpu(tmp_path: object) -> None:
     moved = [s for s in report.trace.storages if made.get(s.sid) == "aten._to_copy.default" and s.shape == (8, 64)]
     assert stacked and all(s.nbytes == 0 for s in stacked)  # each batch stacked on the host...
     assert moved and all(s.nbytes == 8 * 64 * 8 for s in moved)  # ...and its copy on the GPU
+
+
+def test_torch_cuda_api_of_gpu_programs(capfd: pytest.CaptureFixture[str]) -> None:
+    """Seeds, capability, device contexts, NVTX, streams, events, memory_summary, the generator's
+    state and activation checkpointing (it saves and restores the CUDA generator) all run; before
+    the first tensor the whole GPU is free."""
+    report = run_program(str(PROGRAMS / "cuda_apis.py"), gpu="a100-80gb").train
+    out = capfd.readouterr().out
+    preset = get_gpu("a100-80gb")
+    assert report is not None and report.peak_bytes > 0
+    memory = preset.total_memory_bytes
+    assert "capability (8, 0) True" in out and f"free {memory} total {memory}" in out
+    assert any(op.recompute for op in report.trace.ops)  # the checkpointed forward ran again in backward

@@ -20,7 +20,13 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import fakes_take_foreach_paths, is_fake, tree_flatten, unset_fake_temporarily
+from graphmem._torch_api import (
+    backward_without_hop,
+    fakes_take_foreach_paths,
+    is_fake,
+    tree_flatten,
+    unset_fake_temporarily,
+)
 from graphmem.patching import patched
 from graphmem.records import Phase, Role
 from graphmem.trace.core.recorder import Recorder
@@ -255,12 +261,12 @@ def _parameter(param: Any, fn: Any) -> Any:
 def hooks(books: Books) -> Iterator[None]:
     """The global hooks that keep ``books`` while the program runs (inside); all removed after."""
     recorder = books.recorder
-    backward, grad = torch.autograd.backward, torch.autograd.grad
+    grad = torch.autograd.grad
 
-    def run_backward(*args: Any, **kwargs: Any) -> Any:
+    def run_backward(*args: Any, **kwargs: Any) -> None:
         recorder.phase = Phase.BACKWARD
         try:
-            return backward(*args, **kwargs)
+            backward_without_hop(*args, **kwargs)  # the TorchFunctionModes active stay so (the GPU's kernels)
         finally:
             books.gradients()
 

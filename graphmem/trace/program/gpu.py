@@ -120,6 +120,19 @@ class _Stream:
         return False
 
 
+class _OnDevice:
+    """``with torch.cuda.device(i):`` / ``torch.cuda.device_of(t)``: every device is the GPU."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __enter__(self) -> _OnDevice:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 class _Event:
     """A CUDA event: recorded, waited on, always complete, no time elapsed."""
 
@@ -186,6 +199,13 @@ class _CudaAutocast:
             with self:
                 return fn(*args, **kwargs)
         return autocast_region
+
+
+def _summary(now: GpuMemory) -> str:
+    """``torch.cuda.memory_summary()``: the counters, in the words of torch's table."""
+    rows = [("Allocated memory", now.allocated, now.max_allocated), ("GPU reserved memory", now.reserved,
+                                                                      now.max_reserved)]
+    return "\n".join(f"{name:<24} cur {cur:>16,} B   peak {peak:>16,} B" for name, cur, peak in rows) + "\n"
 
 
 def _autocasts() -> list[tuple[Any, str, Any]]:
@@ -270,6 +290,9 @@ class _HostAsked(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.Tensor.backward:  # torch pops the modes for it: the backward (checkpoint's
+            with self:                     # recompute in it) would run without CUDA's kernels
+                return _tensor_backward(*args, **kwargs)
         device = kwargs.get("device")
         if device is None:  # made from nothing, on torch's default device (the CPU, unless a device context says)
             asked = not any(isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0])
@@ -280,6 +303,13 @@ class _HostAsked(TorchFunctionMode):
             return func(*args, **kwargs)
         finally:
             self.recorder.host_asked -= asked
+
+
+def _tensor_backward(tensor: torch.Tensor, gradient: Any = None, retain_graph: bool | None = None,
+                     create_graph: bool = False, inputs: Any = None) -> None:
+    """``tensor.backward(...)`` as ``torch.autograd.backward`` (graphmem run's, which keeps the
+    TorchFunctionModes active now)."""
+    torch.autograd.backward(tensor, gradient, retain_graph, create_graph, inputs=inputs)
 
 
 def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
@@ -303,6 +333,13 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "reset_accumulated_memory_stats": lambda device=None: None,
         "set_per_process_memory_fraction": lambda fraction, device=None: None,
         "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
+        "device": _OnDevice, "device_of": _OnDevice,
+        # the generator's state (activation checkpointing saves and restores it): CUDA's is 16 bytes on the host
+        "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
+        "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
+        "set_rng_state": lambda new_state, device="cuda": None, "set_rng_state_all": lambda new_states: None,
+        "initial_seed": lambda: 0, "seed": lambda: None, "seed_all": lambda: None,
+        "memory_summary": lambda device=None, abbreviated=False: _summary(counters.now()),
         "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
     }
     # torch.accelerator (accelerate and transformers ask it which device there is): the same GPU
@@ -316,7 +353,12 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
                                             "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
                                             "reset_accumulated_memory_stats")},
     }
+    import torch.cuda.nvtx as nvtx  # profiler ranges: marks on nothing
+
+    ranges = {"range_push": lambda msg: 0, "range_pop": lambda: 0, "range_start": lambda msg: 0,
+              "range_end": lambda handle: None, "mark": lambda msg: None, "range": _OnDevice}
     return [*((torch.cuda, name, value) for name, value in answers.items()),
+            *((nvtx, name, value) for name, value in ranges.items()),
             *((torch.accelerator, name, value) for name, value in accelerator.items()
               if hasattr(torch.accelerator, name))]
 
