@@ -194,3 +194,10 @@ def test_torch_cuda_api_of_gpu_programs(capfd: pytest.CaptureFixture[str]) -> No
     memory = preset.total_memory_bytes
     assert "capability (8, 0) True" in out and f"free {memory} total {memory}" in out
     assert any(op.recompute for op in report.trace.ops)  # the checkpointed forward ran again in backward
+
+
+@pytest.mark.parametrize(("asked", "taken"), [("", "flash"), ("efficient", "efficient"), ("math", "math")])
+def test_the_programs_sdpa_kernel_choice_is_honoured(asked: str, taken: str) -> None:
+    """torch.nn.attention.sdpa_kernel(...) narrows the backends as select_sdp_backend sees them."""
+    report = run_program(str(PROGRAMS / "sdpa_choice.py"), [asked] if asked else [], gpu="h100").train
+    assert report is not None and set(report.sdpa_backends) == {taken}

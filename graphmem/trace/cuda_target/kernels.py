@@ -79,11 +79,21 @@ def select_sdpa_backend(dtype: torch.dtype, head_dim: int, has_mask: bool, gpu: 
                                  f"attention with head dim {head_dim}{' and a mask' if has_mask else ''} "
                                  f"on {gpu.name}; use --sdpa auto")
         return requested
+    allowed = _allowed_now()
     for number in sdp_priority_order():
         name = _ORDER.get(number)
-        if name and name != "cudnn" and usable[name]:
+        if name and name != "cudnn" and usable[name] and allowed[name]:
             return name
     return "math"
+
+
+def _allowed_now() -> dict[str, bool]:
+    """The backends the program allows now: ``torch.nn.attention.sdpa_kernel(...)`` (or the
+    ``torch.backends.cuda.enable_*_sdp`` switches) turn the others off, as select_sdp_backend
+    checks them first; all allowed by default."""
+    cuda = torch.backends.cuda
+    return {"flash": cuda.flash_sdp_enabled(), "efficient": cuda.mem_efficient_sdp_enabled(),
+            "cudnn": cuda.cudnn_sdp_enabled(), "math": True}
 
 
 class CudaKernels(TorchFunctionMode):
