@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["main"]
 
 if TYPE_CHECKING:
-    from graphmem.cli.commands import main
+    from graphmem.cli.group import main
 
 
 def __getattr__(name: str) -> Any:
     if name != "main":
         raise AttributeError(f"module 'graphmem.cli' has no attribute {name!r}")
-    from graphmem.cli.commands import main
+    from graphmem.cli.group import main
     return main

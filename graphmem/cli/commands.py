@@ -20,11 +20,11 @@ from typing import Any
 
 import click
 
-from graphmem import __version__
 from graphmem.api import analyze, run_program
 from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
+from graphmem.cli.group import main
 from graphmem.cli.options import ParsedType, job_from, job_options, output_options
-from graphmem.cli.process import GraphmemGroup, print_result, raise_if_interrupted, user_output_to_stderr
+from graphmem.cli.process import print_result, raise_if_interrupted, user_output_to_stderr
 from graphmem.cuda.gpus import GPUS, get_gpu
 from graphmem.errors import UserInputError
 from graphmem.job.job import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES, Job
@@ -50,21 +50,6 @@ from graphmem.report.preflight_text import (
 )
 
 __all__ = ["main"]
-
-
-@click.group(cls=GraphmemGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="graphmem")
-def main() -> None:
-    """Predict the memory of a PyTorch training step before it runs.
-
-    The model is built on the meta device (no weights are allocated); the real step
-    (forward, autograd backward, optimizer) is recorded as a graph of aten ops on fake
-    tensors, and a storage-aware liveness pass gives the live bytes after every op.
-
-    Exit codes (docs/exit-codes.md): 0 success (check: fits), 1 does not fit (check, max-batch,
-    max-seq), 2 usage error, 3 the analysis failed or --timeout passed, 129 / 130 / 143 ended by
-    SIGHUP / SIGINT (Ctrl-C) / SIGTERM, 141 stdout closed.
-    """
 
 
 def _picture(param: Any, path: str | None) -> str | None:

@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``graphmem`` program (see the module docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not hasattr(os, "fork"):  # no fork (Windows): the command runs here, unsupervised
-        from graphmem.cli.commands import main as group
+        from graphmem.cli.group import main as group
         group.main(args, prog_name="graphmem")
         raise SystemExit(0)
     run = _Supervisor(args)
@@ -306,7 +306,7 @@ def _sender(fd: int) -> Callable[[dict[str, Any]], None]:
 def _run_command(argv: Sequence[str], send: Callable[[dict[str, Any]], None]) -> int:
     """The command, as click runs it in-process; its exit code."""
     from graphmem.cli import process
-    from graphmem.cli.commands import main as group
+    from graphmem.cli.group import main as group
 
     process.relay_progress(lambda text: send({"progress": text}))
     try:
