@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
-    "python -c 'import graphmem, torch'": [sys.executable, "-c", "import torch, graphmem.api"],
+    "python -c 'import torch, graphmem'": [sys.executable, "-c", "import torch, graphmem"],
+    "python -c 'import torch, graphmem.api'": [sys.executable, "-c", "import torch, graphmem.api"],
     "graphmem --help": [sys.executable, "-m", "graphmem", "--help"],
     "graphmem --version": [sys.executable, "-m", "graphmem", "--version"],
     "graphmem run --help": [sys.executable, "-m", "graphmem", "run", "--help"],
