@@ -73,7 +73,7 @@ def test_module_form_runs_as_python_m(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_fewer_steps_than_asked_are_reported() -> None:
     report = run_program(str(ROOT / "examples" / "train_loop.py"), ["--steps", "1", "--hidden", "64"], steps=3)
     assert report.train is not None
-    assert any("ended after 1 optimizer step" in note for note in report.train.assumptions)
+    assert any("ended after 1 step" in note for note in report.train.assumptions)
     real = measure_program(str(ROOT / "examples" / "train_loop.py"), ["--steps", "1", "--hidden", "64"], 3)
     assert report.train.peak_bytes == real.peak_bytes
 
@@ -166,3 +166,17 @@ def test_a_program_that_never_steps_is_stopped_by_timeout_naming_its_line() -> N
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 3, done.stderr
     assert "timed out after 3" in done.stderr and "never_steps.py:10" in done.stderr
+
+
+def test_a_loop_that_updates_by_hand() -> None:
+    """No torch.optim optimizer: each step is a backward pass and the update after it; all three
+    steps recorded equal the real run (which runs to its end), and --steps 2 stops before the third
+    forward."""
+    script = str(PROGRAMS / "by_hand.py")
+    real = measure_program(script, [], 99)  # no optimizer step ever stops it: the whole run
+    three = run_program(script, steps=3).train
+    assert three is not None and three.peak_bytes == real.peak_bytes and len(three.iteration_peaks) == 3
+    assert any("updates its parameters itself" in note for note in three.assumptions)
+    two = run_program(script, steps=2).train
+    assert two is not None and len(two.iteration_peaks) == 2
+    assert not any(op.iteration == 2 for op in two.trace.ops)

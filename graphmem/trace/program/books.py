@@ -46,7 +46,10 @@ class Books:
 
     def __init__(self, recorder: Recorder, steps: int) -> None:
         self.recorder, self.steps = recorder, steps
-        self.done = 0
+        self.done = 0  # optimizer steps
+        self.backwards = 0  # backward passes
+        self.optimizer_made = False  # a torch.optim optimizer of the program's exists
+        self.making_replica = False
         self.paths: dict[int, str] = {}  # id(module) -> its path in the model it belongs to
         self.models: list[str] = []
         self.optimizers: list[str] = []
@@ -76,8 +79,22 @@ class Books:
             self.params[p] = name
             self.recorder.mark(p, Role.PARAMETER, name, owner=name)
 
+    @property
+    def by_hand(self) -> bool:
+        """The program updates its parameters itself (no torch.optim optimizer): a step is a
+        backward pass and what follows it, up to the next forward."""
+        return not self.optimizer_made and self.backwards > 0
+
+    @property
+    def steps_done(self) -> int:
+        return self.backwards if self.by_hand else self.done
+
     def forward_pre(self, module: nn.Module, args: Any) -> None:
         recorder = self.recorder
+        if not recorder.module_stack and self.by_hand:  # a new iteration of an update by hand
+            if self.backwards >= self.steps:
+                self._stop()
+            recorder.iteration = self.backwards
         if not recorder.module_stack:  # called by the program itself
             if id(module) not in self.paths:
                 self.adopt(module)
@@ -149,11 +166,20 @@ class Books:
         recorder.poll()
         self.done += 1
         if self.done >= self.steps:
-            recorder.poll(everything=True)  # what is live now stays live: the program stops here
-            recorder._silent = True  # the program's finally blocks run unrecorded
-            raise Enough
+            self._stop()
         recorder.iteration = self.done
         recorder.phase = Phase.PROGRAM
+
+    def _stop(self) -> None:
+        self.recorder.poll(everything=True)  # what is live now stays live: the program stops here
+        self.recorder._silent = True  # the program's finally blocks run unrecorded
+        raise Enough
+
+    def backward_done(self) -> None:
+        self.gradients()
+        self.backwards += 1
+        if self.by_hand:
+            self.recorder.phase = Phase.OPTIMIZER  # the update the program makes itself follows
 
     def _is_replica(self, opt: torch.optim.Optimizer) -> bool:
         return any(opt is replica for replica in self.replicas.values())
@@ -164,7 +190,11 @@ class Books:
         key = id(opt)
         with unset_fake_temporarily(), self.recorder.silenced():
             if key not in self.replicas:
-                self.replicas[key] = _replica(opt, self.recorder.on_gpu is not None)
+                self.making_replica = True
+                try:
+                    self.replicas[key] = _replica(opt, self.recorder.on_gpu is not None)
+                finally:
+                    self.making_replica = False
             replica = self.replicas[key]
             if replica is None:
                 return []
@@ -265,10 +295,8 @@ def hooks(books: Books) -> Iterator[None]:
 
     def run_backward(*args: Any, **kwargs: Any) -> None:
         recorder.phase = Phase.BACKWARD
-        try:
-            backward_without_hop(*args, **kwargs)  # the TorchFunctionModes active stay so (the GPU's kernels)
-        finally:
-            books.gradients()
+        backward_without_hop(*args, **kwargs)  # the TorchFunctionModes active stay so (the GPU's kernels)
+        books.backward_done()
 
     def run_grad(*args: Any, **kwargs: Any) -> Any:
         before, recorder.phase = recorder.phase, Phase.BACKWARD
@@ -277,7 +305,14 @@ def hooks(books: Books) -> Iterator[None]:
         finally:
             recorder.phase = before
 
+    made = torch.optim.Optimizer.__init__
+
+    def optimizer_made(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        made(opt, *args, **kwargs)
+        books.optimizer_made = books.optimizer_made or not books.making_replica
+
     with patched((torch.autograd, "backward", run_backward), (torch.autograd, "grad", run_grad),
+                 (torch.optim.Optimizer, "__init__", optimizer_made),
                  (torch, "compile", _eager_compile), (nn.Module, "_apply", _applying(nn.Module._apply, recorder))), \
             torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), fakes_take_foreach_paths():
         handles = [nn.modules.module.register_module_forward_pre_hook(books.forward_pre),

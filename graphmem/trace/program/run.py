@@ -117,12 +117,12 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
         except SystemExit as exc:
             exited = exc.code
         except Exception as exc:
-            raise TraceError(_failure(program, exc, books.done)) from exc
+            raise TraceError(_failure(program, exc, books.steps_done)) from exc
         finally:
             recorder._silent = False
     if not stopped:
         recorder.poll(everything=True)
-    if books.done == 0:
+    if books.steps_done == 0:
         how = "ended" if exited in (None, 0) else f"exited with {exited!r}"
         ours = [a for a in program.argv if a.split("=")[0] in _RUN_OPTIONS]
         hint = (f"; {', '.join(ours)} went to the program: graphmem's own options go before the script "
@@ -130,16 +130,19 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
                 ". graphmem run records a training program up to --steps optimizer steps")
         raise TraceError(f"{program.command} {how} before its first optimizer step: nothing to analyse{hint}")
     notes = list(recorder.declared_notes())
-    if not stopped:
-        notes.append(f"the program ended after {books.done} optimizer step{'s' * (books.done > 1)} "
-                     f"(--steps {program.steps} asked for more)")
+    done = books.steps_done
+    if books.by_hand:
+        notes.append("the program updates its parameters itself (no torch.optim optimizer): each step is a "
+                     "backward pass and what follows it, up to the next forward")
+    if not stopped and done < program.steps:
+        notes.append(f"the program ended after {done} step{'s' * (done > 1)} (--steps {program.steps} asked for more)")
     for what, count in collections.Counter(saves).items():
         notes.append(f"a checkpoint save was skipped (the tensors are fakes; nothing was written): {what}"
                      + (f", {count} times" if count > 1 else ""))
     if workers:
         notes.append(f"the data loader{'s' * (len(workers) > 1)} loaded in the program's process, not in "
                      f"{max(workers)} worker processes: the same batches, and the GPU's memory is the same")
-    return ProgramTrace(trace=_trace(recorder, books, tuple(notes)), steps=books.done, stopped=stopped,
+    return ProgramTrace(trace=_trace(recorder, books, tuple(notes)), steps=done, stopped=stopped,
                         models=tuple(books.models), optimizers=tuple(books.optimizers))
 
 
