@@ -31,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 __all__ = [
     "data_loading_in_process",
     "fakes_show_device",
+    "process_group_sizes",
     "fake_mode_without_cuda",
     "parse_to",
     "fakes_take_foreach_paths",
@@ -370,3 +371,12 @@ def fake_mode_without_cuda() -> Iterator[None]:
         yield
     finally:
         torch._C._set_only_lift_cpu_tensors(before)
+
+
+def process_group_sizes() -> list[int]:
+    """The size of every process group torch.distributed holds now (the default one included)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return []
+    return [group.size() for group in dist.distributed_c10d._world.pg_map]

@@ -16,6 +16,7 @@ from graphmem import interrupts, progress
 from graphmem._torch_api import OP_ERRORS, OpOverload
 from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
+from graphmem.cuda.nccl import nccl_buffer_bytes
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import DEFAULT_GPU, Job, make_job
@@ -378,8 +379,10 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         progress.show(f"analysing {len(traced.trace.ops):,} ops")
         report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
         if cuda is not None and target is not None:
-            report = replace(report, allocator=model_cuda_allocator(report, *cuda),
-                             sdpa_backends=dict(target.kernels.backends))
+            stats = model_cuda_allocator(report, *cuda)
+            if traced.communicators:  # NCCL's own buffers, one set per communicator, outside the allocator
+                stats = replace(stats, nccl_buffer_bytes=nccl_buffer_bytes(traced.communicators))
+            report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
         return report, traced.models[0] if traced.models else program.target
 
     recorded = [(rank, *one(rank)) for rank in chosen]

@@ -49,3 +49,19 @@ def test_nodes_give_each_rank_torchruns_environment() -> None:
     for rank in range(4):
         assert f"rank {rank} local {rank % 2} node {rank // 2} world 4" in result.output
     assert "torchrun --nnodes 2 --nproc-per-node 2" in result.output
+
+
+def test_nccl_buffers_on_the_gpu_as_analyze_counts_them() -> None:
+    """A DDP program on the GPU holds one communicator (its one process group of 2 ranks): NCCL's
+    buffers as analyze --parallel ddp=2 --gpu counts them for its one group; none in one process."""
+    from graphmem import analyze
+
+    script = str(PROGRAMS / "ddp.py")
+    ranks = run_program(script, nproc_per_node=2, gpu="h100").train
+    job = analyze("examples/mlp.py:MLP", ["32x1000"], mode="train", optimizer="adam", gpu="h100",
+                  parallel="ddp=2").train
+    single = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda"], gpu="h100").train
+    assert ranks is not None and ranks.allocator and job is not None and job.allocator
+    assert single is not None and single.allocator
+    assert ranks.allocator.nccl_buffer_bytes == job.allocator.nccl_buffer_bytes > 0
+    assert single.allocator.nccl_buffer_bytes == 0

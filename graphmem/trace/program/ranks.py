@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from graphmem._torch_api import fake_process_group_store, unset_fake_temporarily
+from graphmem._torch_api import fake_process_group_store, process_group_sizes, unset_fake_temporarily
 from graphmem.errors import UnsupportedError
 from graphmem.job.program import Program
 from graphmem.patching import patched
@@ -64,11 +64,13 @@ def _meshes_made_for_real(quiet: Callable[[], AbstractContextManager[Any]],
 
 @contextlib.contextmanager
 def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Tensor], None],
-            quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None]) -> Iterator[None]:
+            quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None],
+            groups: list[int] | None = None) -> Iterator[None]:
     """Run the program (inside) as global ``rank`` of ``program.world_size``; ``gpu``: its "cuda"
     is a GPU (then ``torch.cuda.device_count()`` is the node's ``nproc_per_node``); ``resized(t)``: FSDP2 resized
     ``t``'s storage, ``quiet()``: the recorder records nothing inside, ``held(t)``: a real
-    tensor the program holds from now on (the recorder's)."""
+    tensor the program holds from now on (the recorder's); ``groups``: told the size of each
+    process group the program made, at the end (NCCL holds a communicator for each)."""
     world = program.world_size
     if world == 1:
         yield
@@ -93,5 +95,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
         try:
             yield
         finally:
+            if groups is not None:
+                groups.extend(process_group_sizes())
             if dist.is_initialized():
                 dist.destroy_process_group()

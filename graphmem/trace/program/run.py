@@ -66,6 +66,7 @@ class ProgramTrace:
     stopped: bool  # stopped after the steps asked for (else: the program ended by itself)
     models: tuple[str, ...]  # the classes of the modules it called, in order of first call
     optimizers: tuple[str, ...]  # the classes of the optimizers it stepped
+    communicators: int = 0  # process groups of more than one rank it made (NCCL: a communicator each)
 
 
 @contextlib.contextmanager
@@ -99,11 +100,12 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     fake_mode = recording_fake_mode()
     stopped, exited = False, None
     workers: list[int] = []
+    groups: list[int] = []
     saves: list[str] = []
     snapshot = lambda: _trace(recorder, books, ())
     on_gpu = on_the_gpu(recorder, gpu, snapshot) if gpu else contextlib.nullcontext()
     with _as_main(program), quiet_fake_tensor_logs(), on_gpu, \
-            as_rank(program, rank, gpu is not None, recorder.resized, recorder.silenced, recorder.hold), \
+            as_rank(program, rank, gpu is not None, recorder.resized, recorder.silenced, recorder.hold, groups), \
             data_loading_in_process(workers.append), \
             skipping_saves(saves), \
             loading_headers_only(recorder.map_from_file), fake_mode, recorder, hooks(books):
@@ -143,6 +145,7 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
         notes.append(f"the data loader{'s' * (len(workers) > 1)} loaded in the program's process, not in "
                      f"{max(workers)} worker processes: the same batches, and the GPU's memory is the same")
     return ProgramTrace(trace=_trace(recorder, books, tuple(notes)), steps=done, stopped=stopped,
+                        communicators=sum(size > 1 for size in groups),
                         models=tuple(books.models), optimizers=tuple(books.optimizers))
 
 
