@@ -43,9 +43,11 @@ def _header(data: bytes) -> dict[str, Any]:
 
 
 def _read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON header of a safetensors file, read alone (the weights after it are not)."""
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        return _header(struct.pack("<Q", length) + f.read(length))
+        parsed: dict[str, Any] = json.loads(f.read(length))
+        return parsed
 
 
 _MAPPED: list[Callable[[torch.Tensor], None]] = []  # told of each tensor made, while loading_headers_only runs
