@@ -64,7 +64,7 @@ def die_with_parent(parent: int) -> None:
     elsewhere nothing.  A parent already gone ends it now."""
     if not sys.platform.startswith("linux"):
         return
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(ImportError, OSError, AttributeError):  # no ctypes, libc or prctl: not tied to it
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     if os.getppid() != parent:  # it ended before the call: nobody would wait for this process

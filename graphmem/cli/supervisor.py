@@ -260,13 +260,14 @@ def _child(argv: Sequence[str], write_fd: int, folder: str, parent: int) -> NoRe
         sys.stdout = stdout
         code = _run_command(argv, send)
         send({"result": {"stdout": stdout.kept.getvalue(), "exit": code}})
-    except BaseException as exc:  # graphmem's own failure outside the command: the supervisor says so
-        with contextlib.suppress(BaseException):
-            import traceback
+    except BaseException as exc:  # broad: graphmem's own failure outside the command: the supervisor says so
+        import traceback
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: the crash is still sent
             traceback.print_exc()
+        with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
             send({"crash": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
     finally:
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(BaseException):  # broad: a forked child must reach os._exit, whatever happens
             sys.stderr.flush()
         os._exit(0)
 

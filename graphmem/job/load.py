@@ -103,7 +103,7 @@ def _import_file(module_part: str) -> Any:
     sys.path.insert(0, str(path.resolve().parent))  # let the file import its siblings
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException:  # any failure, an interrupt too: cleaned up and re-raised
         sys.modules.pop(name, None)  # as importlib does: no half-imported module stays behind
         raise
     return module
@@ -142,7 +142,7 @@ def resolve_target(target: str) -> ModelSource:
                                  "pip install 'graphmem[hf]'") from exc
         raise UserInputError(f"cannot import module {module_part!r}: {exc}; run graphmem from "
                              "the directory that contains it, or give path/to/file.py:Attr") from exc
-    except Exception as exc:  # the user's module raised while importing
+    except Exception as exc:  # broad: the user's module may raise anything while importing; reported as theirs
         raise UserInputError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
     obj: Any = module
     for part in attr_path.split("."):
@@ -264,7 +264,7 @@ def _make_config(config_class: Any, values: Mapping[str, Any]) -> Any:
     the user's config.json, not graphmem's bug."""
     try:
         return config_class(**values)
-    except Exception as exc:
+    except Exception as exc:  # broad: a config class (transformers' or the user's) may refuse with anything
         said = " ".join(str(exc).split()) or type(exc).__name__  # one line, however the class wrote it
         said = said if len(said) <= 200 else said[:197] + "..."
         raise UserInputError(f"--hf-config: {config_class.__name__} refused the config values: {said}"
@@ -277,7 +277,7 @@ def _mistyped(config_class: Any, values: Mapping[str, Any]) -> str:
     type is not that of the config class's default number or flag, for an error message; "" if none."""
     try:
         defaults = config_class()
-    except Exception:  # a config class without defaults: nothing to compare with
+    except Exception:  # broad: a config class's own code; without defaults, the hint is left out (no error)
         return ""
     found = [f"{key}={value!r} where {config_class.__name__}'s default is the {type(default).__name__} {default!r}"
              for key, value in values.items()
@@ -305,13 +305,13 @@ def _build_with_fallbacks(build: Callable[[], Any], program: str, hint: str, dev
     with _model_errors(program, hint):
         try:
             return BuiltModel(on_meta(build, device), None)
-        except Exception as exc:
+        except Exception as exc:  # broad: the constructor is user code; all but a value read is re-raised
             if not reads_values(exc):
                 raise
             reason = first_line(exc)
     why = f"{program} reads tensor values while it is built, which the meta device cannot answer ({reason})"
     with _model_errors(program, hint, why):
-        with contextlib.suppress(Exception):  # then a real build says whether the fault is the model's
+        with contextlib.suppress(Exception):  # broad: user code; a real build then says if the fault is the model's
             return BuiltModel(on_fake(build, device),
                               f"{why}; it was built with fake tensors instead (sizes without values, no memory taken)")
         model, created = on_cpu(build, device, REAL_BUILD_LIMIT_BYTES)
@@ -335,7 +335,7 @@ def _model_errors(program: str, hint: str, why: str = "") -> Iterator[None]:
             f"or more, past graphmem's limit of {format_bytes(REAL_BUILD_LIMIT_BYTES)} for such builds; compute "
             "sizes with Python numbers instead of tensors, or point TARGET at a module instance your file "
             "builds (file.py:model, with model = Net(...) at module level)") from None
-    except Exception as exc:
+    except Exception as exc:  # broad: the constructor is user code and may raise anything; reported as the model's
         raise UserInputError(f"{program} could not be built: {type(exc).__name__}: {exc}{hint}") from exc
 
 
@@ -363,7 +363,7 @@ def _cached_hub_config(repo_id: str) -> str:
                              "huggingface_hub: pip install 'graphmem[hf]'; or give a local config.json") from exc
     try:
         return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
-    except Exception as exc:  # not cached, a malformed id: one message for all of them
+    except (OSError, ValueError) as exc:  # not cached (LocalEntryNotFoundError), a malformed id (HFValidationError)
         raise UserInputError(f"--hf-config {repo_id!r}: no such file, and the config.json of Hub model {repo_id!r} "
                              "is not in the Hugging Face cache (graphmem never downloads); fetch it once with "
                              f"`hf download {repo_id} config.json`, or give a local config.json") from exc

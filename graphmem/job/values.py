@@ -122,7 +122,7 @@ class _FromData(TorchFunctionMode):
         out = func(*args, **kwargs)
         if func in _FROM_DATA and isinstance(out, torch.Tensor) and out.is_meta and out.numel() <= VALUE_LIMIT \
                 and self.keeper.kept < _BUDGET:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*OP_ERRORS):  # not on the CPU (data holding meta tensors): it stays unknown
                 self.keeper.keep(out, func(*args, **{**kwargs, "device": "cpu"}))
         return out
 

@@ -188,7 +188,7 @@ class StagedFiles:
             for temporary, destination in self._pending:
                 if destination.how != "rename":
                     _write_in_place(temporary, destination)
-        except BaseException:
+        except BaseException:  # any failure, an interrupt too: undone and re-raised
             for final in renamed:
                 with contextlib.suppress(OSError):
                     final.unlink()
@@ -242,7 +242,7 @@ def staged_files() -> Iterator[StagedFiles]:
     try:
         try:
             yield staged
-        except BaseException:
+        except BaseException:  # any failure, an interrupt too: discarded and re-raised
             staged.discard()
             raise
         staged.commit()

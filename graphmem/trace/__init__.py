@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
-from graphmem.trace.distributed.parallel import distinct_ranks
+from graphmem.trace.distributed import distinct_ranks
 from graphmem.trace.program import GpuMemory, GpuTarget, ProgramTrace, trace_program
 from graphmem.trace.ranks import forks_ranks, record_ranks
 from graphmem.trace.recording import trace_step

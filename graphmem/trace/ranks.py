@@ -18,7 +18,7 @@ from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
 from graphmem.records import Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
-from graphmem.trace.distributed.rank_fork import RankFork
+from graphmem.trace.distributed import RankFork
 from graphmem.trace.recording import trace_step
 from graphmem.workers import processes
 
@@ -44,7 +44,7 @@ def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[
     fork = RankFork(ranks[1:], at_once=processes())
     try:
         trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
-    except BaseException as exc:
+    except BaseException as exc:  # any failure, an interrupt too: sent to the parent (a child) and re-raised
         if fork.rank is not None:
             fork.send(exc)  # a child ends here
         fork.stop()

@@ -58,8 +58,9 @@ from graphmem.trace.core.fakes import fake_inputs, fake_parameters
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.cuda_target.autocast import cuda_autocast, cuda_autocast_lists
 from graphmem.trace.cuda_target.kernels import CudaKernels
-from graphmem.trace.distributed.parallel import (
+from graphmem.trace.distributed import (
     Applied,
+    RankFork,
     apply_parallel,
     fake_process_group,
     following_resizes,
@@ -69,7 +70,6 @@ from graphmem.trace.distributed.parallel import (
     pipeline_warmup_known,
     zero_partition,
 )
-from graphmem.trace.distributed.rank_fork import RankFork
 from graphmem.trace.rules import RuleTable, rules_for
 from graphmem.trace.step import generation
 from graphmem.trace.step.optim import compute_loss, find_logits, make_optimizer, make_targets, selective_policy

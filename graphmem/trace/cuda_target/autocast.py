@@ -297,7 +297,7 @@ class _Overrides:
                     namespace, _, name = qualified.partition("::")
                     self._library(namespace).impl(
                         name, torch.library.fallthrough_kernel, _AUTOCAST_CPU)
-        except BaseException:
+        except BaseException:  # any failure, an interrupt too: undone and re-raised
             self.remove()
             raise
         # torch.autocast.__exit__ drops the C++ cast cache by calling torch.clear_autocast_cache()

@@ -4,3 +4,23 @@ Input: a model and a ``ParallelSpec``.  Output: the model as DDP, FSDP2, tensor 
 parallelism make it for one rank, and the rank processes that share a recording.  Knows
 nothing of the recorder's books or the report.
 """
+
+from graphmem.trace.distributed.parallel import (
+    Applied,
+    apply_parallel,
+    ddp_on_fakes,
+    distinct_ranks,
+    fake_process_group,
+    following_resizes,
+    meta_copy,
+    pipeline_schedule,
+    pipeline_split,
+    pipeline_stage_module,
+    pipeline_warmup_known,
+    zero_partition,
+)
+from graphmem.trace.distributed.rank_fork import RankFork
+
+__all__ = ["Applied", "RankFork", "apply_parallel", "ddp_on_fakes", "distinct_ranks", "fake_process_group",
+           "following_resizes", "meta_copy", "pipeline_schedule", "pipeline_split", "pipeline_stage_module",
+           "pipeline_warmup_known", "zero_partition"]

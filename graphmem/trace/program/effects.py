@@ -81,7 +81,7 @@ def _optional(module: str, names: tuple[str, ...], what: str, target_at: int | s
         return {}
     try:
         owner = importlib.import_module(module)
-    except Exception:  # a library that does not import here is not the program's to save with
+    except Exception:  # broad: a broken library may raise anything; it is not the program's to save with
         return {}
     return {getattr(owner, name): _skip(skipped, f"{what}.{name}", target_at) for name in names if hasattr(owner, name)}
 

@@ -369,7 +369,7 @@ def _import_before_the_gpu_is_there() -> None:
     bitsandbytes would load its CUDA backend, which needs a CUDA build of torch."""
     for name in ("torch._dynamo", "bitsandbytes"):
         if importlib.util.find_spec(name) is not None:
-            with contextlib.suppress(Exception):  # a library broken here fails in the program, as without graphmem
+            with contextlib.suppress(Exception):  # broad: a broken library fails in the program, as without graphmem
                 importlib.import_module(name)
 
 

@@ -22,7 +22,7 @@ from graphmem._torch_api import fake_process_group_store, process_group_sizes, u
 from graphmem.errors import UnsupportedError
 from graphmem.job.program import Program
 from graphmem.patching import patched
-from graphmem.trace.distributed.parallel import ddp_on_fakes, following_resizes
+from graphmem.trace.distributed import ddp_on_fakes, following_resizes
 
 __all__ = ["as_rank"]
 

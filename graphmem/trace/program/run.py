@@ -118,7 +118,7 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
             stopped = True
         except SystemExit as exc:
             exited = exc.code
-        except Exception as exc:
+        except Exception as exc:  # broad: the program is user code and may raise anything; reported as its failure
             raise TraceError(_failure(program, exc, books.steps_done)) from exc
         finally:
             recorder._silent = False

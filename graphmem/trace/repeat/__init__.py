@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from graphmem import progress
+from graphmem.job.fallback import first_line
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import InputSpec
 from graphmem.job.step import StepConfig
@@ -41,6 +42,7 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
         return trace_step(model, inputs, mode=mode, **keywords)
     progress.show(f"recording {KEEP * period} of the {stack.length} alike blocks of {stack.path or 'the model'}")
     kernels: CudaKernels | None = keywords.get("cuda")
+    why = "the cut recording does not repeat by offset"
     try:
         with cut_to(stack, KEEP * period):
             cut = trace_step(model, inputs, mode=mode, **keywords)
@@ -49,12 +51,12 @@ def record_step(model: nn.Module, inputs: Sequence[InputSpec], *, mode: str = "t
             if kernels is not None:
                 _count_placed_calls(kernels, cut, stack, period)
             return whole
-    except Exception:  # Unrepeatable, or the cut model fails where the whole may not (blocks indexed by number)
-        pass
+    except Exception as exc:  # broad: Unrepeatable, or the cut (user) model failing; the whole recording decides
+        why = f"{type(exc).__name__}: {first_line(exc)}"
     if kernels is not None:
         kernels.backends.clear()
         kernels.calls.clear()
-    progress.show(f"recording all {stack.length} blocks of {stack.path or 'the model'}")
+    progress.show(f"recording all {stack.length} blocks of {stack.path or 'the model'} ({why})")
     return trace_step(model, inputs, mode=mode, **keywords)
 
 

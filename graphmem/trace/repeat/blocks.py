@@ -178,7 +178,7 @@ def _same_value(a: Any, b: Any, position: int, depth: int = 0) -> bool:
         return getattr(a, "__func__", a) is getattr(b, "__func__", b)
     try:
         return bool(type(a) is type(b) and a == b)
-    except Exception:  # an object whose == is not a plain comparison
+    except Exception:  # broad: a user object's == may raise anything (an array's is ambiguous); not alike
         return False
 
 

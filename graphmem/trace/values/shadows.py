@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import hint_of, is_fake, tree_flatten, tree_map, unset_fake_temporarily
+from graphmem._torch_api import OP_ERRORS, hint_of, is_fake, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.job.spec import ROUTINGS
 from graphmem.job.values import UNINITIALISED
 
@@ -144,7 +144,7 @@ class Shadows:
             return
         try:
             real = self.run(func, args, kwargs)
-        except Exception:  # values the real op refuses (none seen): no shadow
+        except OP_ERRORS:  # values the real op refuses (none seen): no shadow
             return
         self.attach(args, kwargs, out, real)
 
