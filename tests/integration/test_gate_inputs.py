@@ -127,7 +127,7 @@ def _refused(run: Run, fragment: str) -> None:
     assert "user print in __init__" not in run.err, run  # refused before the analysis
 
 
-# --- output paths that are not plain new files (a socket: tests/unit/test_report_files.py) ---
+# --- output paths that are not plain new files (a socket: tests/unit/report/test_report_files.py) ---
 
 def test_existing_files_devices_and_fifos_are_written_in_place(runs: dict[str, Run], work: Path) -> None:
     run = runs["in_place"]

@@ -209,7 +209,7 @@ def runs(work: Path) -> dict[str, Run]:
         "--output_directory": (["analyze", *NET, "-o", "ok", "--format", "json"], None),
     }
     # each output option in a missing or a read-only folder, the others valid (every kind of
-    # unwritable path, for each option, is in tests/unit/test_report_files.py)
+    # unwritable path, for each option, is in tests/unit/report/test_report_files.py)
     good = {"--output": "ok/report.json", "--dot": "ok/g.dot", "--snapshot": "ok/s.pickle", "--timeline": "ok/t.svg"}
     faults = {"--output": "missing", "--dot": "read_only", "--snapshot": "missing", "--timeline": "read_only"}
     for option, fault in faults.items():
