@@ -14,7 +14,7 @@ import torch.distributed as dist
 import graphmem
 from graphmem.errors import UserInputError
 from graphmem.job.parallel import ParallelSpec, parse_parallel
-from graphmem.trace.distributed.parallel import pipeline_split
+from graphmem.trace.distributed import pipeline_split
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 

@@ -1,0 +1,107 @@
+"""FSDP2 on fakes: the units ``fully_shard`` shards, its construction and its storage resizes.
+
+FSDP2 frees and regrows the unsharded parameters by resizing their storages
+(``_fsdp_param.alloc_storage`` / ``free_storage``), outside the dispatcher; both are wrapped to
+tell the recorder, which ends the storage's old lifetime and starts a new one with the new size.
+
+Input: a model whose parameters are fake, a ``ParallelSpec`` and the device mesh.  Output: the
+model sharded in place by ``fully_shard`` (its units, then the root) and lazily initialised
+as part of construction; the resizes, told to a callback while they happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphmem._torch_api import fsdp_storage_modules
+from graphmem.errors import UserInputError
+from graphmem.job.parallel import ParallelSpec
+from graphmem.job.spec import parse_dtype
+
+__all__ = ["following_resizes", "fsdp_units"]
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+def fsdp_units(model: nn.Module, spec: ParallelSpec) -> tuple[str, ...]:
+    """The classes FSDP2 shards as units: ``spec.units``, else the model's own
+    ``_no_split_modules`` (transformers), else the class of the largest repeated child list."""
+    present = {type(m).__name__ for m in model.modules()}
+    if spec.units:
+        missing = sorted(set(spec.units) - present)
+        if missing:
+            raise UserInputError(f"--fsdp-units: no module of class {', '.join(missing)} in the model; "
+                                 f"its classes are: {', '.join(sorted(present))}")
+        return spec.units
+    declared = tuple(name for name in getattr(model, "_no_split_modules", None) or () if name in present)
+    if declared:
+        return declared
+    best: tuple[int, str] | None = None
+    for module in model.modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.children())
+        names = {type(c).__name__ for c in children}
+        if len(children) >= 2 and len(names) == 1 and not isinstance(children[0], _CONTAINERS):
+            size = sum(p.numel() for p in module.parameters())
+            if best is None or size > best[0]:
+                best = (size, names.pop())
+    return (best[1],) if best else ()
+
+
+def _initialise_fsdp(model: nn.Module) -> None:
+    """Run FSDP2's lazy initialisation now, as part of construction, not in the first forward.
+
+    It re-pads a rank's local shard unless it already is a view of the padded shard, which it
+    checks by ``data_ptr()``: fake tensors have none, so on ranks with uneven shards it would
+    copy every parameter in the recorded forward where the real run copies nothing.  Done
+    here, the copy replaces the shard before the step, as the real one is.
+    """
+    state = getattr(model, "_get_fsdp_state", None)
+    if callable(state):
+        state()._lazy_init()
+
+
+def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    units = fsdp_units(model, spec)
+    policy = MixedPrecisionPolicy(
+        param_dtype=parse_dtype(spec.param_dtype) if spec.param_dtype else None,
+        reduce_dtype=parse_dtype(spec.reduce_dtype) if spec.reduce_dtype else None)
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward, "mp_policy": policy}
+    for module in [m for m in model.modules() if type(m).__name__ in units and m is not model]:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+@contextlib.contextmanager
+def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Call ``resized(tensor)`` after every storage resize FSDP2 makes (alloc/free of the
+    unsharded parameters), while inside."""
+    modules = fsdp_storage_modules()
+    if not modules:  # no FSDP2 in this torch: nothing resizes
+        yield
+        return
+    originals = {(m, name): getattr(m, name) for m in modules
+                 for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
+
+    def wrap(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+        def run(tensor: torch.Tensor) -> None:
+            original(tensor)
+            resized(tensor)
+        return run
+
+    for (module, name), original in originals.items():
+        setattr(module, name, wrap(original))
+    try:
+        yield
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
