@@ -13,7 +13,7 @@ import torch
 
 import graphmem
 from graphmem.errors import TraceError
-from tests.integration.test_coverage_sample import _sweep
+from tests.coverage_sweep import coverage_sweep
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training
 from tests.value_models import PaddedConv, RandomBuffer
 
@@ -51,8 +51,7 @@ def test_a_users_model_with_real_buffers_is_answered_and_left_unchanged() -> Non
 
 @pytest.mark.parametrize("model_type", ["encodec", "mimi_encoder"])
 def test_transformers_audio_codecs_match_real_execution(model_type: str) -> None:
-    pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
-    sweep = _sweep()
+    sweep = coverage_sweep()  # skips where transformers is missing
     config = sweep.small_config(model_type)
     cls, task, _ = sweep.first_buildable(config, sweep.candidate_classes(model_type))
 

@@ -6,16 +6,10 @@ with the inputs the sweep derives, in inference and in a training step (SGD, the
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.coverage_sweep import coverage_sweep
 
 # kind -> model type: a seq2seq LM, a CNN, a windowed vision transformer, a speech seq2seq
 # model, a state-space LM, a masked LM with relative attention, a mixture-of-experts LM, a CTC
@@ -34,22 +28,10 @@ SAMPLE = {
 }
 
 
-def _sweep() -> ModuleType:
-    """benchmarks/coverage.py, imported under its own name (not the `coverage` package)."""
-    name = "graphmem_benchmarks_coverage"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "coverage.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.mark.parametrize("mode", ["inference", "train"])
 @pytest.mark.parametrize("model_type", SAMPLE.values(), ids=SAMPLE.keys())
 def test_sample_architecture_matches_real_execution(model_type: str, mode: str) -> None:
-    sweep = _sweep()
+    sweep = coverage_sweep()  # skips where transformers is missing
     config = sweep.small_config(model_type)
     cls, task, params = sweep.first_buildable(config, sweep.candidate_classes(model_type))
     assert params <= sweep.MAX_PARAMS

@@ -7,15 +7,29 @@ The oracle side freezes parameters by name and applies peft's LoRA itself (peft'
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 import graphmem
+from tests.optional import installed
 from tests.oracles import OPTIMIZERS, Measured, measure_training
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+
+@pytest.fixture(autouse=True)
+def transformers() -> ModuleType:
+    """Every test builds a transformers model: imported before anything is measured (its
+    import-time tensors count in nothing), the test skipped where it is missing."""
+    return installed("transformers")
+
+
+@pytest.fixture
+def peft(transformers: ModuleType) -> ModuleType:
+    """peft, for the LoRA tests (imported after transformers, before anything is measured)."""
+    return installed("peft")
+
 
 # a 2-layer Llama from a local config (no download); lm_head is not tied to the embeddings
 CONFIG: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -25,7 +39,8 @@ FROZEN = ("model.embed_tokens.", "model.layers.0.")
 
 
 def _llama() -> torch.nn.Module:
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    T = installed("transformers")
+    return T.LlamaForCausalLM(T.LlamaConfig(**CONFIG))
 
 
 def _measure(build: Callable[[], torch.nn.Module], optimizer: str, checkpoint: tuple[str, ...] = ()) -> Measured:
@@ -67,14 +82,8 @@ def test_frozen_embeddings_and_first_layer_match_real_execution(optimizer: str) 
     assert report.train.peak_bytes < whole.train.peak_bytes
 
 
-try:
-    import peft
-except ImportError:
-    peft = None
-needs_peft = pytest.mark.skipif(peft is None, reason="peft is not installed (pip install graphmem[lora])")
-
-
-def _lora_llama(dropout: float = 0.0, dtype: torch.dtype | None = None) -> Callable[[], torch.nn.Module]:
+def _lora_llama(peft: ModuleType, dropout: float = 0.0,
+                dtype: torch.dtype | None = None) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         model = _llama() if dtype is None else _llama().to(dtype)
         config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=dropout,
@@ -84,10 +93,9 @@ def _lora_llama(dropout: float = 0.0, dtype: torch.dtype | None = None) -> Calla
     return build
 
 
-@needs_peft
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
-def test_lora_on_q_and_v_matches_real_execution(dropout: float) -> None:
-    measured = _measure(_lora_llama(dropout), "adamw")
+def test_lora_on_q_and_v_matches_real_execution(peft: ModuleType, dropout: float) -> None:
+    measured = _measure(_lora_llama(peft, dropout), "adamw")
     report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="train",
                               optimizer="adamw", lora=f"r=8,alpha=16,target=q_proj,v_proj,dropout={dropout}")
     _assert_same(report, measured)
@@ -95,10 +103,9 @@ def test_lora_on_q_and_v_matches_real_execution(dropout: float) -> None:
     assert report.trained is not None and report.trained.trainable == 2 * (8 * 64 + 64 * 8 + 8 * 64 + 32 * 8)
 
 
-@needs_peft
-def test_lora_on_a_bf16_model_keeps_its_adapters_in_float32() -> None:
+def test_lora_on_a_bf16_model_keeps_its_adapters_in_float32(peft: ModuleType) -> None:
     """A trainer loads the model in bf16, then get_peft_model keeps the adapters float32."""
-    measured = _measure(_lora_llama(dtype=torch.bfloat16), "adamw")
+    measured = _measure(_lora_llama(peft, dtype=torch.bfloat16), "adamw")
     report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="train",
                               optimizer="adamw", dtype="bf16", lora="r=8,alpha=16,target=q_proj,v_proj")
     _assert_same(report, measured)
@@ -107,18 +114,16 @@ def test_lora_on_a_bf16_model_keeps_its_adapters_in_float32() -> None:
     assert adapters == {"float32"}, adapters
 
 
-@needs_peft
-def test_lora_with_activation_checkpointing_matches_real_execution() -> None:
+def test_lora_with_activation_checkpointing_matches_real_execution(peft: ModuleType) -> None:
     """LoRA is mostly trained with checkpointed decoder layers (non-reentrant)."""
-    measured = _measure(_lora_llama(), "adamw", checkpoint=("LlamaDecoderLayer",))
+    measured = _measure(_lora_llama(peft), "adamw", checkpoint=("LlamaDecoderLayer",))
     report = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], hf_config=CONFIG, mode="train",
                               optimizer="adamw", lora="r=8,alpha=16,target=q_proj,v_proj",
                               checkpoint=["LlamaDecoderLayer"])
     _assert_same(report, measured)
 
 
-@needs_peft
-def test_lora_on_gpt2s_conv1d_layers_matches_real_execution() -> None:
+def test_lora_on_gpt2s_conv1d_layers_matches_real_execution(transformers: ModuleType, peft: ModuleType) -> None:
     """GPT-2's attention is a transformers Conv1D (weights stored transposed): peft's other layer kind."""
     config = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
 

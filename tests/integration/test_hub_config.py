@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.optional import needs
 
-pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (pip install graphmem[hf])")
+pytestmark = needs("huggingface_hub")  # every test reads the Hub cache through it
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
@@ -35,6 +35,7 @@ def _graphmem(args: list[str], cache: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
+@needs("transformers")
 def test_a_hub_id_reads_the_cached_config_and_names_the_class(tmp_path: Path) -> None:
     cache = _cache(tmp_path / "hub", "someorg/tiny-llama")
     done = _graphmem(["analyze", "--hf-config", "someorg/tiny-llama", "--input", "input_ids=1x16:int64",

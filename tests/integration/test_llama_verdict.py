@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from click.testing import CliRunner
 
 from graphmem.cli import main
+from tests.optional import needs
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+pytestmark = needs("transformers")  # --preset llama-3-8b is a transformers class
 
 ARGS = ["check", "--preset", "llama-3-8b", "--input", "input_ids=1x4096:int64", "--input", "labels=1x4096:int64",
         "--optimizer", "adamw", "--gpu", "h100-80gb"]

@@ -18,7 +18,7 @@ import torch
 import graphmem
 from graphmem.errors import UserInputError
 from graphmem.job.spec import parse_assumption
-from tests.integration.test_coverage_sample import _sweep
+from tests.coverage_sweep import coverage_sweep
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training
 from tests.value_models import ExpertLoop, ForcedRouting, SplitMoE
 
@@ -62,8 +62,7 @@ TRANSFORMERS = {"jetmoe": ("inference", "train"), "openai_privacy_filter": ("inf
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("model_type", TRANSFORMERS)
 def test_transformers_experts_match_a_run_routed_the_same_way(model_type: str, routing: str) -> None:
-    pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
-    sweep = _sweep()
+    sweep = coverage_sweep()  # skips where transformers is missing
     config = sweep.small_config(model_type)
     cls, task, _ = sweep.first_buildable(config, sweep.candidate_classes(model_type))
 

@@ -23,6 +23,7 @@ from graphmem.preflight.master_weights import MASTER_WEIGHTS_OPTIMIZER
 from graphmem.preflight.plan import Plan, make_plan
 from graphmem.preflight.rows import PlanRow
 from tests.models import ZOO
+from tests.optional import installed
 from tests.oracles import measure_training, real_inputs
 
 MODELS = {m.name: m for m in ZOO}
@@ -142,17 +143,18 @@ def test_offload_row_is_the_device_side_of_the_step() -> None:
     assert not [r for r in cpu_plan.rows if "offload" in r.changes]  # the CPU target is the host
 
 
-T = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
 
 
 def _llama() -> nn.Module:
+    T = installed("transformers")
     config = T.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
                            num_attention_heads=4, num_key_value_heads=KV_HEADS)
     return T.LlamaForCausalLM(config)
 
 
 def test_kv_cache_rows_by_hand() -> None:
+    installed("transformers")  # imported before graphmem builds the model
     job = make_job(_llama, (), generate="16+8", batch=2)
     plan = make_plan(job, Budget(1 << 10, Fraction(0), "test"))
     # the prefill and decode peaks (equal to real execution: tests/integration/test_generate.py)

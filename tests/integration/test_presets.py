@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import graphmem
+from tests.optional import needs
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+pytestmark = needs("transformers")  # every preset is a transformers class
 
 
 @pytest.mark.parametrize("preset, params, bytes_per_param", [

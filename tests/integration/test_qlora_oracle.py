@@ -14,19 +14,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 import graphmem
+from tests.optional import installed
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
-pytest.importorskip("peft", reason="peft is not installed (pip install graphmem[qlora])")
-logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its note on optional CPU kernels
-bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install graphmem[qlora])")
-import peft  # noqa: E402
+
+def _packages() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """transformers, peft and bitsandbytes, imported (the test skipped where one is missing)."""
+    transformers, peft = installed("transformers"), installed("peft")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its note on optional CPU kernels
+    return transformers, peft, installed("bitsandbytes")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _imported() -> None:
+    """Every test needs all three: imported before anything is measured (their import-time
+    tensors count in nothing)."""
+    _packages()
+
 
 CONFIG: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, vocab_size=128, bos_token_id=0, eos_token_id=0)
@@ -43,6 +54,7 @@ KINDS: dict[str, dict[str, Any]] = {
 
 
 def _save(path: Path, config: dict[str, Any]) -> Path:
+    transformers, _, _ = _packages()
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).to(torch.bfloat16).save_pretrained(path)
     return path
@@ -58,6 +70,8 @@ def _qlora(path: Path, kind: str, config: dict[str, Any] = CONFIG, norm_scale: f
            ) -> Callable[[], torch.nn.Module]:
     """norm_scale: every RMSNorm weight multiplied by it after loading (large ones make LLM.int8's
     outlier columns: activations past its threshold)."""
+
+    transformers, peft, bnb = _packages()
 
     def build() -> torch.nn.Module:
         config = transformers.BitsAndBytesConfig(**KINDS[kind])
@@ -79,6 +93,7 @@ def _qlora(path: Path, kind: str, config: dict[str, Any] = CONFIG, norm_scale: f
 def _quantization_state(model: torch.nn.Module) -> list[torch.Tensor]:
     """Every tensor in the 4-bit weights' QuantState (and its nested state), and the int8
     weights' row scales (SCB; the int8 weight CB is the parameter's own storage)."""
+    _, _, bnb = _packages()
     found: list[torch.Tensor] = []
 
     def walk(value: Any, depth: int) -> None:
@@ -115,6 +130,7 @@ def test_qlora_training_matches_real_execution(checkpoint: Path, kind: str) -> N
     assert report.trained is not None
     assert report.trained.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
     # the base weights are counted as the weights they stand for, not as their packed bytes
+    transformers, _, _ = _packages()
     unquantized = sum(p.numel() for p in transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).parameters())
     assert report.trained.total == unquantized + report.trained.trainable
 
@@ -143,6 +159,7 @@ def test_qlora_inference_matches_real_execution(checkpoint: Path) -> None:
 def _outlier_columns(model: torch.nn.Module) -> int:
     """Outlier columns LLM.int8 found in the last forward, over all its layers (bitsandbytes
     keeps their indices in each layer's state)."""
+    _, _, bnb = _packages()
     return sum(m.state.idx.numel() for m in model.modules()
                if isinstance(m, bnb.nn.Linear8bitLt) and getattr(m.state, "idx", None) is not None)
 
@@ -230,6 +247,7 @@ def test_the_cuda_target_takes_bitsandbytes_cuda_path_for_an_int8_base() -> None
     path the CPU reference above runs); on CUDA ones it quantizes the activations and splits
     off the outlier columns (MatMul8bitLt), a bound by default.  bitsandbytes.matmul is the
     library's own again after the recording."""
+    _, _, bnb = _packages()
     original = bnb.matmul
     kw = dict(hf_config=CONFIG, mode="train", optimizer="adamw", dtype="bf16", lora=LORA, quantize_base="int8")
     cpu = graphmem.analyze("transformers:LlamaForCausalLM", [IDS], **kw)

@@ -16,8 +16,7 @@ import graphmem
 import graphmem.trace.repeat as record
 from graphmem.trace.repeat.blocks import find_stack
 from graphmem.trace.repeat.place import KEEP, same_trace
-
-T = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
+from tests.optional import installed
 
 LAYERS = 6
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4)
@@ -26,41 +25,47 @@ IDS = "input_ids=2x16:int64"
 
 def _hf(cls_name: str, config_name: str, **config: Any) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
+        T = installed("transformers")
         return getattr(T, cls_name)(getattr(T, config_name)(**config))
     return build
 
 
 LLAMA = _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2, **SMALL)
-CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any]]] = [
-    ("llama adamw", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
-    ("llama adamw foreach", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", optimizer_impl="foreach")),
-    ("llama adam fused", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adam", optimizer_impl="fused")),
-    ("llama inference", LLAMA, [IDS], dict(mode="inference")),
+HF = ("transformers",)  # what a case needs installed
+CASES: list[tuple[str, Callable[[], nn.Module], list[str], dict[str, Any], tuple[str, ...]]] = [
+    ("llama adamw", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw"), HF),
+    ("llama adamw foreach", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", optimizer_impl="foreach"),
+     HF),
+    ("llama adam fused", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adam", optimizer_impl="fused"), HF),
+    ("llama inference", LLAMA, [IDS], dict(mode="inference"), HF),
     ("llama 8-bit adamw", _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2,
                               **{**SMALL, "hidden_size": 128, "intermediate_size": 256}),
-     [IDS, "labels=2x16:int64"], dict(optimizer="adamw8bit", dtype="bf16")),
+     [IDS, "labels=2x16:int64"], dict(optimizer="adamw8bit", dtype="bf16"), HF),
     ("llama checkpointing every second block", _hf("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2,
                                                    **{**SMALL, "num_hidden_layers": 10}),
-     [IDS, "labels=2x16:int64"], dict(optimizer="adamw", checkpoint=["LlamaDecoderLayer"], checkpoint_every=2)),
-    ("llama bf16 autocast", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", amp="bf16")),
-    ("llama on an H100", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", device="cuda", gpu="h100-80gb")),
-    ("llama lora", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", lora="r=4,alpha=8,target=q_proj,v_proj")),
-    ("llama pruned", lambda: _pruned(LLAMA()), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+     [IDS, "labels=2x16:int64"], dict(optimizer="adamw", checkpoint=["LlamaDecoderLayer"], checkpoint_every=2), HF),
+    ("llama bf16 autocast", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", amp="bf16"), HF),
+    ("llama on an H100", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", device="cuda", gpu="h100-80gb"),
+     HF),
+    ("llama lora", LLAMA, [IDS, "labels=2x16:int64"], dict(optimizer="adamw", lora="r=4,alpha=8,target=q_proj,v_proj"),
+     ("transformers", "peft")),
+    ("llama pruned", lambda: _pruned(LLAMA()), [IDS, "labels=2x16:int64"], dict(optimizer="adamw"), HF),
     ("gpt2", _hf("GPT2LMHeadModel", "GPT2Config", vocab_size=256, n_embd=64, n_layer=LAYERS, n_head=4, n_positions=64,
-                 bos_token_id=0, eos_token_id=0), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+                 bos_token_id=0, eos_token_id=0), [IDS, "labels=2x16:int64"], dict(optimizer="adamw"), HF),
     ("bert", _hf("BertForSequenceClassification", "BertConfig", **SMALL),
-     [IDS, "attention_mask=2x16:int64", "labels=2:int64"], dict(optimizer="adamw")),
+     [IDS, "attention_mask=2x16:int64", "labels=2:int64"], dict(optimizer="adamw"), HF),
     ("vit", _hf("ViTForImageClassification", "ViTConfig", hidden_size=64, num_hidden_layers=LAYERS,
                 num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8, num_labels=10),
-     ["pixel_values=2x3x32x32", "labels=2:int64"], dict(optimizer="adamw")),
+     ["pixel_values=2x3x32x32", "labels=2:int64"], dict(optimizer="adamw"), HF),
     ("mixtral", _hf("MixtralForCausalLM", "MixtralConfig", num_key_value_heads=2, num_local_experts=4,
-                    num_experts_per_tok=2, **SMALL), [IDS, "labels=2x16:int64"], dict(optimizer="adamw")),
+                    num_experts_per_tok=2, **SMALL), [IDS, "labels=2x16:int64"], dict(optimizer="adamw"), HF),
     ("the model itself a Sequential", lambda: nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.GELU())
-                                                              for _ in range(8)]), ["4x32"], dict(optimizer="adam")),
-    ("resnet-style stage", lambda: ResNetStage(), ["2x16x8x8"], dict(optimizer="sgd")),
+                                                              for _ in range(8)]), ["4x32"], dict(optimizer="adam"),
+     ()),
+    ("resnet-style stage", lambda: ResNetStage(), ["2x16x8x8"], dict(optimizer="sgd"), ()),
     ("torch transformer encoder", lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128,
                                                                                            batch_first=True), LAYERS),
-     ["2x16x64"], dict(optimizer="adamw")),
+     ["2x16x64"], dict(optimizer="adamw"), ()),
 ]
 
 
@@ -129,9 +134,12 @@ def _same_reports(fast: Any, whole: Any) -> None:
         assert replace(a, trace=None) == replace(b, trace=None)
 
 
-@pytest.mark.parametrize("name, build, inputs, keywords", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, build, inputs, keywords, packages", CASES, ids=[c[0] for c in CASES])
 def test_repeated_blocks_give_the_whole_recording(monkeypatch: pytest.MonkeyPatch, name: str, build: Any,
-                                                  inputs: list[str], keywords: dict[str, Any]) -> None:
+                                                  inputs: list[str], keywords: dict[str, Any],
+                                                  packages: tuple[str, ...]) -> None:
+    for package in packages:  # imported before graphmem builds the model
+        installed(package)
     fast, whole, placed = _analyses(monkeypatch, build, inputs, keywords)
     assert placed, "the blocks were recorded whole: the placed trace was not used"
     _same_reports(fast, whole)
@@ -139,6 +147,7 @@ def test_repeated_blocks_give_the_whole_recording(monkeypatch: pytest.MonkeyPatc
 
 def test_the_curve_of_sizes_is_placed_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recording with the batch as a size symbol keeps each placed storage's formula."""
+    installed("transformers")  # imported before graphmem builds the model
     curves = []
     for flag in ("1", "0"):
         monkeypatch.setenv("GRAPHMEM_REPEATED_BLOCKS", flag)
@@ -269,6 +278,7 @@ def test_modules_held_as_plain_attributes_are_compared_as_blocks_are() -> None:
 @pytest.mark.parametrize("parallel", ["fsdp=4"])
 def test_sharded_blocks_are_placed_too(monkeypatch: pytest.MonkeyPatch, parallel: str) -> None:
     """FSDP2 shards each block's own parameters: every rank's recording is placed by offset."""
+    installed("transformers")  # imported before graphmem builds the model
     fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
                                     dict(optimizer="adamw", parallel=parallel))
     assert placed
@@ -281,6 +291,7 @@ def test_sharded_blocks_are_placed_too(monkeypatch: pytest.MonkeyPatch, parallel
 
 def test_ddp_is_recorded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """DDP's gradient buckets span the whole model: no block stands for another."""
+    installed("transformers")  # imported before graphmem builds the model
     fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
                                     dict(optimizer="adamw", parallel="ddp=2"))
     assert not placed and fast.train.peak_bytes == whole.train.peak_bytes
@@ -289,6 +300,7 @@ def test_ddp_is_recorded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_cut_recording_leaves_every_block_in_the_same_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inference (eval) cut to four blocks, then training of the same built model: the blocks the
     cut left out are put in eval mode too, so the stack is still found alike and both are placed."""
+    installed("transformers")  # imported before graphmem builds the model
     fast, whole, placed = _analyses(monkeypatch, LLAMA, [IDS, "labels=2x16:int64"],
                                     dict(mode="both", optimizer="adamw"))
     assert placed == 2

@@ -21,6 +21,7 @@ from graphmem.preflight.check import find_largest_fit, predict, search_largest
 from graphmem.records import OpRecord
 from graphmem.trace.symbolic import trace_at
 from tests.models import ZOO
+from tests.optional import installed
 
 VALUES = (2, 3, 5, 9)
 # zoo models whose every size decision holds for any batch: one recording covers them all
@@ -73,15 +74,16 @@ def test_curve_equals_recording_at_each_value(model: Any) -> None:
             curve.at(v)
 
 
-T = pytest.importorskip("transformers", reason="transformers is not installed (pip install graphmem[hf])")
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
 
 def build_llama() -> nn.Module:
+    T = installed("transformers")
     return T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=2, **SMALL))
 
 
 def build_gpt2() -> nn.Module:
+    T = installed("transformers")
     return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                           bos_token_id=0, eos_token_id=0))
 
@@ -94,6 +96,7 @@ def build_gpt2() -> nn.Module:
 def test_language_models_one_recording(build: Any, template: list[str]) -> None:
     """A causal LM trained on its input ids (labels made from them), its causal mask, rotary
     positions and padded labels: one recording holds for every batch and sequence length."""
+    installed("transformers")  # imported before graphmem builds the model
     symbol = "S" if "xS" in template[0] else "B"
     curve = graphmem.analyze_curve(build, template, hint=4, optimizer="adamw")
     assert curve.exact
@@ -106,6 +109,7 @@ def test_language_models_one_recording(build: Any, template: list[str]) -> None:
 def test_answers_read_from_inputs_hold_at_the_recorded_value_only() -> None:
     """A value read from the attention mask (answered from its assumed ones) is not a formula:
     the curve holds at its own value, where it equals the recording."""
+    installed("transformers")  # imported before graphmem builds the model
     template = ["input_ids=Bx16:int64", "attention_mask=Bx16:int64"]
     curve = graphmem.analyze_curve(build_llama, template, hint=4, optimizer="adamw")
     assert not curve.exact and curve.holds(4) and not curve.holds(5)

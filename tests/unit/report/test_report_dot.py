@@ -15,13 +15,13 @@ from torch import nn
 
 import graphmem
 from graphmem.errors import UserInputError
-from graphmem.memory.results import MemoryReport
+from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.report import write_dot
 from graphmem.report.dot import AUTO_COLLAPSE_NODES, to_dot
 from tests.conftest import ROOT
 from tests.models import NestedNet as Net
+from tests.optional import installed, needs
 
-pytest.importorskip("pydot", reason="pydot is not installed (pip install 'graphmem[viz]')")
 # pydot's parser still calls pyparsing's old names
 pytestmark = pytest.mark.filterwarnings("ignore:'.*' deprecated - use:DeprecationWarning")
 
@@ -44,11 +44,18 @@ def linear() -> MemoryReport:
     return graphmem.analyze(lambda: nn.Linear(4, 3), ["2x4"], optimizer="sgd", loss="sum")
 
 
-def test_op_graph_parses_with_every_op_and_the_peak_set(linear: MemoryReport, tmp_path: Path) -> None:
+@pytest.fixture
+def op_graph(linear: MemoryReport, tmp_path: Path) -> tuple[ModeReport, nx.MultiDiGraph]:
+    """The training step and its op-level DOT graph, written and parsed back (skipped without pydot)."""
+    installed("pydot")
     mode = linear.train
     assert mode is not None
     write_dot(mode, tmp_path / "g.dot", collapse="op")
-    graph = read_back(tmp_path / "g.dot")
+    return mode, read_back(tmp_path / "g.dot")
+
+
+def test_op_graph_parses_with_every_op_and_the_peak_set(op_graph: tuple[ModeReport, nx.MultiDiGraph]) -> None:
+    mode, graph = op_graph
     # one node per recorded op, plus the placeholders weight, bias and input 0 (and any constant)
     assert graph.number_of_nodes() == len(mode.trace.ops) + 3 + _constants(mode.trace.graph)
     assert {"in_weight", "in_bias", "in_input_0"} <= set(graph.nodes)
@@ -64,11 +71,8 @@ def test_op_graph_parses_with_every_op_and_the_peak_set(linear: MemoryReport, tm
     assert _unquote(peak["shape"]) == "doubleoctagon" and "PEAK" in _unquote(peak["label"])
 
 
-def test_saved_for_backward_edges_are_dashed(linear: MemoryReport, tmp_path: Path) -> None:
-    mode = linear.train
-    assert mode is not None
-    write_dot(mode, tmp_path / "g.dot", collapse="op")
-    graph = read_back(tmp_path / "g.dot")
+def test_saved_for_backward_edges_are_dashed(op_graph: tuple[ModeReport, nx.MultiDiGraph]) -> None:
+    mode, graph = op_graph
     dashed = {(u, v) for u, v, attrs in graph.edges(data=True) if _unquote(attrs.get("style", "")) == "dashed"}
     # Linear saves only its input (for the weight gradient, mm in backward); both iterations
     mms = {f"op{o.index}" for o in mode.trace.ops if o.op == "aten.mm.default" and o.phase == "backward"}
@@ -80,6 +84,7 @@ def test_saved_for_backward_edges_are_dashed(linear: MemoryReport, tmp_path: Pat
 
 
 
+@needs("pydot")
 @pytest.mark.parametrize("depth, nodes", [
     (1, {"(inputs)", "blocks", "head"}),
     (2, {"(inputs)", "blocks.0", "blocks.1", "head"}),
@@ -99,6 +104,7 @@ def test_module_collapse_follows_the_module_tree(tmp_path: Path, depth: int, nod
         assert {("blocks.0", "blocks.1"), ("blocks.1", "head"), ("(inputs)", "blocks.0")} <= edges
 
 
+@needs("pydot")
 def test_auto_collapses_large_graphs(linear: MemoryReport, tmp_path: Path) -> None:
     assert linear.train is not None
     small = write_dot(linear.train, tmp_path / "a.dot")
@@ -112,6 +118,7 @@ def test_auto_collapses_large_graphs(linear: MemoryReport, tmp_path: Path) -> No
     assert graph.number_of_nodes() < 15
 
 
+@needs("pydot")
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's `dot` program is not installed")
 def test_graphviz_renders_svg_with_the_peak_class(linear: MemoryReport, tmp_path: Path) -> None:
     assert linear.train is not None

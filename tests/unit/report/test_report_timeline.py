@@ -26,8 +26,7 @@ from graphmem.report import write_timeline
 from graphmem.report.series import column_peaks
 from graphmem.report.timeline import COLOURS, DPI, MAX_POINTS, render_timeline, timeline_figure
 from tests.conftest import ROOT
-
-pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'graphmem[viz]')")
+from tests.optional import needs
 
 MLP = f"{ROOT}/examples/mlp.py:MLP"
 
@@ -42,6 +41,7 @@ def _svg_text(svg: bytes) -> str:
     return " ".join(t for node in root.iter() for t in [node.text or ""] if t.strip())
 
 
+@needs("matplotlib")
 def test_svg_names_the_peak_phases_and_categories(mlp: MemoryReport) -> None:
     mode = mlp.train
     assert mode is not None
@@ -52,6 +52,7 @@ def test_svg_names_the_peak_phases_and_categories(mlp: MemoryReport) -> None:
         assert label in text
 
 
+@needs("matplotlib")
 def test_stacked_areas_reach_the_peak(mlp: MemoryReport) -> None:
     mode = mlp.train
     assert mode is not None
@@ -62,6 +63,7 @@ def test_stacked_areas_reach_the_peak(mlp: MemoryReport) -> None:
     assert ax.get_ylabel() == "live bytes (B)"
 
 
+@needs("matplotlib")
 def test_png_and_html(mlp: MemoryReport, tmp_path: Path) -> None:
     assert mlp.train is not None
     write_timeline(mlp.train, tmp_path / "t.png", "MLP")
@@ -84,8 +86,8 @@ def test_missing_matplotlib_names_the_extra(mlp: MemoryReport, monkeypatch: pyte
         render_timeline(mlp.train, "svg", "x")
 
 
+@needs("matplotlib", "pydot")
 def test_cli_writes_every_picture_from_one_analysis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("pydot", reason="pydot is not installed (pip install 'graphmem[viz]')")
     calls: list[str] = []
     real = graphmem.cli.commands.analyze
 
@@ -118,6 +120,7 @@ def test_cli_refuses_a_bad_picture_path_before_analysing(tmp_path: Path, option:
     assert fragment in result.output and "Traceback" not in result.output
 
 
+@needs("matplotlib")
 def test_inference_only_draws_inference(tmp_path: Path) -> None:
     report = graphmem.analyze(lambda: torch.nn.Linear(4, 3), ["2x4"], mode="inference")
     assert report.train is None and report.inference is not None
@@ -170,6 +173,7 @@ def _stack_tops(png: bytes, box: Any) -> dict[int, int]:
     return tops
 
 
+@needs("matplotlib")
 def test_png_draws_a_one_op_spike_up_to_the_peak_marker() -> None:
     mode = _spike_mode()
     # by hand: the parameter, the activations still live after op 41,234 (made at m, freed after
