@@ -18,6 +18,7 @@ from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.cuda.nccl import nccl_buffer_bytes
 from graphmem.errors import GraphmemError, UserInputError
+from graphmem.job.assume import Assumptions
 from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import DEFAULT_GPU, Job, make_job
 from graphmem.job.load import ModelSource, construct_model, resolve_target
@@ -41,6 +42,7 @@ from graphmem.trace import (
     CudaKernels,
     GpuMemory,
     GpuTarget,
+    Recording,
     distinct_ranks,
     forks_ranks,
     record_ranks,
@@ -170,14 +172,14 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
     recorded: list[Trace] = []
     formula = job.generate is None and job.parallel is None
 
-    def record(*args: Any, **kwargs: Any) -> Trace:
+    def record(model: torch.nn.Module, recording: Recording, *, cuda: CudaKernels | None = None) -> Trace:
         trace = None
         if formula:
             try:
-                trace = record_step(*args, **kwargs, symbol=(symbol, hint))
+                trace = record_step(model, replace(recording, symbol=(symbol, hint)), cuda=cuda)
             except (GraphmemError, *OP_ERRORS):  # a kernel, rule or model needs numbers: recorded with them below
                 trace = None
-        recorded.append(trace if trace is not None else record_step(*args, **kwargs))
+        recorded.append(trace if trace is not None else record_step(model, recording, cuda=cuda))
         return recorded[-1]
 
     at_hint = replace(job, inputs=tuple(substitute(t, symbol, hint) for t in job.inputs))
@@ -210,6 +212,7 @@ class _Built:
     step: StepConfig
     cuda: tuple[GPU, AllocatorConfig] | None
     table: RuleTable
+    assume: Assumptions
     modeled: frozenset[str]
     notes: tuple[str, ...]
 
@@ -228,25 +231,28 @@ def _build(job: Job, rules: Mapping[OpOverload, Rule] | None) -> _Built:
     dtype = None if job.lora is not None else job.dtype  # LoRA: converted before peft, as trainers do
     interrupts.check()
     table = rules_for(job.device, rules)
-    return _Built(module=module, dtype=dtype, step=step, cuda=cuda, table=table,
+    return _Built(module=module, dtype=dtype, step=step, cuda=cuda, table=table, assume=Assumptions.of(job.assume),
                   modeled=frozenset(str(op) for op in table.scratch),
                   notes=(built.note,) if built.note else ())  # how it was built, when not on the meta device
 
 
 def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace],
             specs: list[InputSpec], *, fork_ranks: bool = False, checkpoint_comparison: bool = True) -> MemoryReport:
-    """Record (``trace_of``, with graphmem.trace.recording.trace_step's arguments) each mode the job asks for, then the
-    liveness pass and the memory model on each trace.  ``fork_ranks``: the distinct ranks of a
+    """Record (``trace_of``, with graphmem.trace.repeat.record_step's arguments) each mode the job asks
+    for, then the liveness pass and the memory model on each trace.  ``fork_ranks``: the distinct ranks of a
     parallel job are recorded side by side: ZeRO-1's from one shared beginning
     (graphmem.trace.ranks.record_ranks), others in worker processes (graphmem.workers) when
     there are cores for them;
     ``checkpoint_comparison``: a checkpointed step is also analysed without checkpointing."""
     module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype
 
+    def recording(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int = 0) -> Recording:
+        return Recording(inputs=tuple(inputs or specs), mode=m, step=config, device=job.device, dtype=dtype,
+                         rules=built.table, assume=built.assume, parallel=job.parallel, rank=rank)
+
     def record(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int,
                kernels: CudaKernels | None) -> Trace:
-        return trace_of(module, inputs or specs, mode=m, step=config, device=job.device, dtype=dtype,
-                        rules=built.table, cuda=kernels, assume=job.assume, parallel=job.parallel, rank=rank)
+        return trace_of(module, recording(m, config, inputs, rank), cuda=kernels)
 
     def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
         kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
@@ -274,9 +280,8 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
                      ranks: list[int]) -> list[ModeReport]:
         if fork_ranks and m == "train" and forks_ranks(job.parallel, ranks):  # ZeRO-1: the ranks share their beginning
             progress.show(f"recording the training step on ranks {', '.join(map(str, ranks))}")
-            made = record_ranks(module, inputs or specs, ranks, step=config, device=job.device, dtype=dtype,
-                                rules=built.table, cuda=CudaKernels(cuda[0], job.sdpa) if cuda else None,
-                                assume=job.assume, parallel=job.parallel)
+            made = record_ranks(module, recording(m, config, inputs), ranks,
+                                cuda=CudaKernels(cuda[0], job.sdpa) if cuda else None)
             reports = [analysed(trace, backends) for trace, backends in made]
             here = 1  # the first rank was recorded in this process: its graph is here
         elif fork_ranks and len(ranks) > 1 and processes() > 1:  # each rank in a worker process

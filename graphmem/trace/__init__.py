@@ -10,7 +10,7 @@ The rooms, each importing only the ones below it (checked by import-linter):
 - ``repeat`` (a stack of alike blocks recorded once), ``ranks`` (ZeRO-1 ranks forked from
   one recording) and ``program`` (a whole training program as it runs, ``graphmem run``): the
   entry points, above the recording;
-- ``recording``: ``trace_step``, what one recording is;
+- ``recording``: ``trace_step`` and ``Recording``, what one recording is;
 - ``step``: the step drivers, run under the recorder as a trainer runs them;
 - ``distributed`` (PyTorch's engines under a fake process group), ``cuda_target`` (CUDA's
   kernel and autocast choices on fake CPU tensors);
@@ -28,10 +28,10 @@ from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import distinct_ranks
 from graphmem.trace.program import GpuMemory, GpuTarget, ProgramTrace, trace_program
 from graphmem.trace.ranks import forks_ranks, record_ranks
-from graphmem.trace.recording import trace_step
+from graphmem.trace.recording import Recording, trace_step
 from graphmem.trace.repeat import record_step
 from graphmem.trace.symbolic import trace_at
 
-__all__ = ["CudaKernels", "GpuMemory", "GpuTarget", "OpRecord", "Phase", "ProgramTrace", "Role", "StorageRecord",
-           "Trace", "distinct_ranks", "forks_ranks", "record_ranks", "record_step", "trace_at", "trace_program",
-           "trace_step"]
+__all__ = ["CudaKernels", "GpuMemory", "GpuTarget", "OpRecord", "Phase", "ProgramTrace", "Recording", "Role",
+           "StorageRecord", "Trace", "distinct_ranks", "forks_ranks", "record_ranks", "record_step", "trace_at",
+           "trace_program", "trace_step"]

@@ -1,7 +1,7 @@
 """A ZeRO-1 step recorded once for several ranks, forked at the first optimizer step.
 
-Input: what graphmem.trace.recording.trace_step takes, and the ranks.  Output: each rank's
-``Trace`` (graphmem.trace.distributed.rank_fork runs the forked ranks).
+Input: what graphmem.trace.recording.trace_step takes (a model and a ``Recording``), and the
+ranks.  Output: each rank's ``Trace`` (graphmem.trace.distributed.rank_fork runs the forked ranks).
 """
 
 from __future__ import annotations
@@ -9,17 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import nn
 
 from graphmem.job.parallel import ParallelSpec
-from graphmem.job.spec import InputSpec
 from graphmem.records import Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import RankFork
-from graphmem.trace.recording import trace_step
+from graphmem.trace.recording import Recording, trace_step
 from graphmem.workers import processes
 
 __all__ = ["forks_ranks", "record_ranks"]
@@ -34,22 +32,21 @@ def forks_ranks(parallel: ParallelSpec | None, ranks: Sequence[int]) -> bool:
             and os.environ.get("GRAPHMEM_FORK_RANKS", "1") != "0")
 
 
-def record_ranks(model: nn.Module, inputs: Sequence[InputSpec], ranks: Sequence[int], **keywords: Any
+def record_ranks(model: nn.Module, recording: Recording, ranks: Sequence[int], *, cuda: CudaKernels | None = None
                  ) -> list[tuple[Trace, dict[str, int] | None]]:
     """trace_step's Trace for each of ``ranks`` of a ZeRO-1 step (forks_ranks), with the attention
     kernels each chose on the CUDA target (``cuda``: counted anew for each).  The ranks share
     their recording up to the first optimizer step (graphmem.trace.distributed.rank_fork); the other ranks'
     traces come back without their fx graph."""
-    kernels: CudaKernels | None = keywords.get("cuda")
     fork = RankFork(ranks[1:], at_once=processes())
     try:
-        trace = trace_step(model, inputs, mode="train", rank=ranks[0], fork=fork, **keywords)
+        trace = trace_step(model, replace(recording, mode="train", rank=ranks[0]), cuda=cuda, fork=fork)
     except BaseException as exc:  # any failure, an interrupt too: sent to the parent (a child) and re-raised
         if fork.rank is not None:
             fork.send(exc)  # a child ends here
         fork.stop()
         raise
-    backends = dict(kernels.backends) if kernels else None
+    backends = dict(cuda.backends) if cuda else None
     if fork.rank is not None:
         fork.send((replace(trace, fx=torch.fx.Graph()), backends))
     others = fork.gather()

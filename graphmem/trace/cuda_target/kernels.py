@@ -29,6 +29,7 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -140,28 +141,41 @@ class CudaKernels(TorchFunctionMode):
             return func(x, p, training, inplace) if func is F.dropout else func(x, p, training)
         return torch.native_dropout(x, p, True)[0]
 
-    def _attention(self, func: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                   scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
-        backend = select_sdpa_backend(q.dtype, q.shape[-1], attn_mask is not None, self.gpu, self.sdpa)
+    def _attention(self, func: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        call = _Sdpa(*args, **kwargs)
+        q, k, v, mask, dropout_p, is_causal, scale = (call.q, call.k, call.v, call.attn_mask, call.dropout_p,
+                                                      call.is_causal, call.scale)
+        backend = select_sdpa_backend(q.dtype, q.shape[-1], mask is not None, self.gpu, self.sdpa)
         self.backends[backend] = self.backends.get(backend, 0) + 1
         self.calls.append((backend, self.position()))
-        if enable_gqa and k.shape[-3] != q.shape[-3]:  # the fused kernels take equal head counts
+        if call.enable_gqa and k.shape[-3] != q.shape[-3]:  # the fused kernels take equal head counts
             repeat = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)
         if backend == "flash":
             outs = aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)
         elif backend == "efficient":
-            outs = aten._scaled_dot_product_efficient_attention(
-                q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)
+            outs = aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, dropout_p, is_causal, scale=scale)
         elif backend == "cudnn":
             outs = aten._scaled_dot_product_cudnn_attention(
-                q, k, v, attn_mask, True, dropout_p, is_causal, False, scale=scale)
+                q, k, v, mask, True, dropout_p, is_causal, False, scale=scale)
         else:
-            outs = aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, None,
-                                                           scale=scale)
+            outs = aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, None, scale=scale)
         out: torch.Tensor = outs[0]
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Sdpa:
+    """The arguments of one ``F.scaled_dot_product_attention`` call, by its own signature."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_mask: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    is_causal: bool = False
+    scale: float | None = None
+    enable_gqa: bool = False
 
 
 @contextlib.contextmanager
@@ -183,9 +197,5 @@ def _bitsandbytes_int8_as_on_cuda() -> Iterator[None]:
         result: torch.Tensor = MatMul8bitLt.apply(A, B, out, bias, state)
         return result
 
-    original = getattr(bnb, "matmul")  # noqa: B009  (an optional library: mypy does not know it)
-    setattr(bnb, "matmul", matmul)  # noqa: B010
-    try:
+    with patched((bnb, "matmul", matmul)):
         yield
-    finally:
-        setattr(bnb, "matmul", original)  # noqa: B010

@@ -30,8 +30,8 @@ from graphmem._torch_api import (
 from graphmem.patching import patched
 from graphmem.records import Phase, Role
 from graphmem.trace.core.recorder import Recorder
-from graphmem.trace.recording import saving
 from graphmem.trace.step.replica import ValueReads
+from graphmem.trace.step.run import mark_output, saving
 
 __all__ = ["Books", "Enough", "hooks"]
 
@@ -91,11 +91,11 @@ class Books:
 
     def forward_pre(self, module: nn.Module, args: Any) -> None:
         recorder = self.recorder
-        if not recorder.module_stack and self.by_hand:  # a new iteration of an update by hand
+        if not recorder.modules.stack and self.by_hand:  # a new iteration of an update by hand
             if self.backwards >= self.steps:
                 self._stop()
             recorder.iteration = self.backwards
-        if not recorder.module_stack:  # called by the program itself
+        if not recorder.modules.stack:  # called by the program itself
             if id(module) not in self.paths:
                 self.adopt(module)
             if recorder.phase != Phase.BACKWARD or not torch.is_grad_enabled():
@@ -103,17 +103,14 @@ class Books:
             for t in tree_flatten(args)[0]:
                 if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
                     recorder.mark(t, Role.INPUT, "batch")
-        recorder.module_stack.append(self.paths.get(id(module), type(module).__name__))
+        recorder.modules.stack.append(self.paths.get(id(module), type(module).__name__))
 
     def forward_post(self, module: nn.Module, args: Any, out: Any) -> None:
         recorder = self.recorder
-        if recorder.module_stack:
-            recorder.module_stack.pop()
-        if not recorder.module_stack and recorder.phase == Phase.FORWARD:
-            leaves = out.to_tuple() if hasattr(out, "to_tuple") else out
-            for t in tree_flatten(leaves)[0]:
-                if isinstance(t, torch.Tensor):
-                    recorder.mark(t, Role.OUTPUT)
+        if recorder.modules.stack:
+            recorder.modules.stack.pop()
+        if not recorder.modules.stack and recorder.phase == Phase.FORWARD:
+            mark_output(recorder, out)
             recorder.phase = Phase.LOSS  # the program's code between the forward and the backward
 
     # -- backward ---------------------------------------------------------------------
@@ -134,7 +131,7 @@ class Books:
                 self.parameter(p, f"param_groups[{g}][{i}]")
         self.gradients()
         recorder.phase = Phase.OPTIMIZER
-        recorder.scalar_reads, recorder._read_index = self._replica_reads(opt), 0
+        recorder.answers.use_replica(self._replica_reads(opt))
         return self._closure_then_the_step(args, kwargs)
 
     def _closure_then_the_step(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -172,7 +169,7 @@ class Books:
 
     def _stop(self) -> None:
         self.recorder.poll(everything=True)  # what is live now stays live: the program stops here
-        self.recorder._silent = True  # the program's finally blocks run unrecorded
+        self.recorder.silent = True  # the program's finally blocks run unrecorded
         raise Enough
 
     def backward_done(self) -> None:
@@ -192,7 +189,7 @@ class Books:
             if key not in self.replicas:
                 self.making_replica = True
                 try:
-                    self.replicas[key] = _replica(opt, self.recorder.on_gpu is not None)
+                    self.replicas[key] = _replica(opt, self.recorder.books.on_gpu is not None)
                 finally:
                     self.making_replica = False
             replica = self.replicas[key]

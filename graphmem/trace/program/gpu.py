@@ -255,7 +255,7 @@ def _moves(recorder: Recorder) -> list[tuple[Any, str, Any]]:
             converted: torch.Tensor = to(self, *args, **kwargs, copy=copy)
             return converted
         gpu = device.type == "cuda"
-        if gpu == recorder.is_on_gpu(self):
+        if gpu == recorder.books.is_on_gpu(self):
             here: torch.Tensor = to(self, _CPU, dtype, non_blocking=non_blocking, copy=copy,
                                     **({"memory_format": memory_format} if memory_format is not None else {}))
             return here
@@ -274,7 +274,7 @@ def _moves(recorder: Recorder) -> list[tuple[Any, str, Any]]:
             (torch.Tensor, "cpu", lambda self, memory_format=None: moved(self, "cpu")),
             (torch.Tensor, "pin_memory", lambda self, device=None: self),
             (torch.Tensor, "record_stream", lambda self, stream: None),
-            (torch.Tensor, "get_device", lambda self: 0 if recorder.is_on_gpu(self) else -1),
+            (torch.Tensor, "get_device", lambda self: 0 if recorder.books.is_on_gpu(self) else -1),
             (nn.Module, "cuda", lambda self, device=None: self.to(_CUDA))]
 
 
@@ -380,10 +380,10 @@ def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]
     Enter it outside the fake mode and the recorder: the GPU's kernels (a TorchFunctionMode)
     are entered here, the dispatch modes after it."""
     _import_before_the_gpu_is_there()
-    recorder.on_gpu = set()
+    recorder.books.on_gpu = set()
     gpu.kernels.position = lambda: len(recorder.ops)
     counters = _Counters(recorder, gpu, snapshot)
-    shown = lambda t: recorder.dispatching == 0 and recorder.is_on_gpu(t)
+    shown = lambda t: recorder.dispatching == 0 and recorder.books.is_on_gpu(t)
     with fake_mode_without_cuda(), patched(*_answers(gpu, counters), *_moves(recorder), *_autocasts()), \
             fakes_show_device(_CUDA, shown), gpu.kernels, _HostAsked(recorder):
         yield

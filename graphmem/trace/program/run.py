@@ -37,6 +37,7 @@ from graphmem._torch_api import (
     quiet_fake_tensor_logs,
 )
 from graphmem.errors import TraceError
+from graphmem.job.assume import Assumptions
 from graphmem.job.program import Program
 from graphmem.records import Phase, Trace
 from graphmem.trace.core.fake_mode import recording_fake_mode
@@ -90,12 +91,11 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
         TraceError: the program raised (its own frames named), or ended or exited before its
             first optimizer step.
     """
-    recorder = Recorder(rules_for("cuda" if gpu else "cpu"))
+    # the program holds its own tensors: each dies when it lets go of it (held: none); a value
+    # the program reads (loss.item()) is 0: see the module docstring
+    recorder = Recorder(rules_for("cuda" if gpu else "cpu"), Assumptions(reads=0), held=frozenset(),
+                        read_note="the program read a value of a tensor, taken as 0", where=program_line)
     recorder.phase = Phase.PROGRAM
-    recorder.held = frozenset()  # the program holds its own tensors: each dies when it lets go of it
-    recorder.read_value = 0  # a value the program reads (loss.item()): see the module docstring
-    recorder.read_note = "the program read a value of a tensor, taken as 0"
-    recorder.where = program_line
     books = Books(recorder, program.steps)
     fake_mode = recording_fake_mode()
     stopped, exited = False, None
@@ -105,10 +105,11 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     snapshot = lambda: _trace(recorder, books, ())
     on_gpu = on_the_gpu(recorder, gpu, snapshot) if gpu else contextlib.nullcontext()
     with _as_main(program), quiet_fake_tensor_logs(), on_gpu, \
-            as_rank(program, rank, gpu is not None, recorder.resized, recorder.silenced, recorder.hold, groups), \
+            as_rank(program, rank, gpu is not None, recorder.books.resized, recorder.silenced, recorder.books.hold,
+                    groups), \
             data_loading_in_process(workers.append), \
             skipping_saves(saves), \
-            loading_headers_only(recorder.map_from_file), fake_mode, recorder, hooks(books):
+            loading_headers_only(recorder.books.map_from_file), fake_mode, recorder, hooks(books):
         try:
             if program.module:
                 runpy.run_module(program.target, run_name="__main__", alter_sys=True)
@@ -121,7 +122,7 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
         except Exception as exc:  # broad: the program is user code and may raise anything; reported as its failure
             raise TraceError(_failure(program, exc, books.steps_done)) from exc
         finally:
-            recorder._silent = False
+            recorder.silent = False
     if not stopped:
         recorder.poll(everything=True)
     if books.steps_done == 0:
@@ -131,7 +132,17 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
                 "(everything after it is the program's argv)" if ours else
                 ". graphmem run records a training program up to --steps optimizer steps")
         raise TraceError(f"{program.command} {how} before its first optimizer step: nothing to analyse{hint}")
-    notes = list(recorder.declared_notes())
+    notes = _notes(program, recorder, books, stopped, saves, workers)
+    return ProgramTrace(trace=_trace(recorder, books, notes), steps=books.steps_done, stopped=stopped,
+                        communicators=sum(size > 1 for size in groups),
+                        models=tuple(books.models), optimizers=tuple(books.optimizers))
+
+
+def _notes(program: Program, recorder: Recorder, books: Books, stopped: bool, saves: list[str],
+           workers: list[int]) -> tuple[str, ...]:
+    """What the report says of the run: declared reads, updates by hand, an early end, skipped
+    saves, data loading in process."""
+    notes = list(recorder.answers.declared_notes())
     done = books.steps_done
     if books.by_hand:
         notes.append("the program updates its parameters itself (no torch.optim optimizer): each step is a "
@@ -144,14 +155,12 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     if workers:
         notes.append(f"the data loader{'s' * (len(workers) > 1)} loaded in the program's process, not in "
                      f"{max(workers)} worker processes: the same batches, and the GPU's memory is the same")
-    return ProgramTrace(trace=_trace(recorder, books, tuple(notes)), steps=done, stopped=stopped,
-                        communicators=sum(size > 1 for size in groups),
-                        models=tuple(books.models), optimizers=tuple(books.optimizers))
+    return tuple(notes)
 
 
 def _trace(recorder: Recorder, books: Books, notes: tuple[str, ...]) -> Trace:
     """The run recorded so far as a ``Trace`` (storages still live have no release)."""
-    return Trace(mode="train", fx=recorder.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
+    return Trace(mode="train", fx=recorder.fx.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=books.optimizers[0] if books.optimizers else None, assumptions=notes)
 
 

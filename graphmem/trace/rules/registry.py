@@ -51,10 +51,10 @@ from typing import Any
 
 import torch
 
-from graphmem._torch_api import OpOverload
+from graphmem._torch_api import OpOverload, tree_map
 
-__all__ = ["ArgMeta", "Bound", "Rule", "RuleTable", "output_bounds", "output_shapes", "register", "rules_for",
-           "scratch_bytes"]
+__all__ = ["ArgMeta", "Bound", "Rule", "RuleTable", "metas", "output_bounds", "output_shapes", "register",
+           "rules_for", "scratch_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,18 @@ class Bound:
     def shapes(self, count: int) -> list[tuple[int, ...]]:
         """The outputs' shapes when the value-dependent size is ``count``."""
         return [tuple(count if n is None else n for n in shape) for shape, _ in self.outputs]
+
+
+def metas(args: Any, kwargs: Any, known: Mapping[int, torch.Tensor] | None = None) -> tuple[Any, Any]:
+    """An op's arguments as a rule sees them: tensors as ``ArgMeta``, except those in
+    ``known`` (by id), which are given as the real tensors holding their values."""
+    def one(value: Any) -> Any:
+        if known and isinstance(value, torch.Tensor) and id(value) in known:
+            return known[id(value)]
+        if isinstance(value, torch.Tensor):
+            return ArgMeta(tuple(value.shape), value.dtype, tuple(value.stride()))
+        return value
+    return tree_map(one, tuple(args)), tree_map(one, dict(kwargs))
 
 
 # scratch rules return int bytes; output_dtypes rules return {output index: dtype};

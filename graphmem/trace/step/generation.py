@@ -24,10 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import tree_flatten
+from graphmem._torch_api import storage_key, tree_flatten
 from graphmem.errors import UserInputError
+from graphmem.records import Phase, Role
+from graphmem.trace.step.run import StepRun
 
-__all__ = ["prefill", "decode_with_full_cache", "cache_tensors"]
+__all__ = ["cache_tensors", "decode_with_full_cache", "prefill", "run_generation"]
 
 
 def _cache_keyword(model: nn.Module) -> str:
@@ -85,3 +87,25 @@ def cache_tensors(cache: Any) -> Iterator[torch.Tensor]:
         yield from (t for t in getattr(cache, name, []) if isinstance(t, torch.Tensor))
     if not hasattr(cache, "key_cache"):
         yield from (t for t in tree_flatten(cache)[0] if isinstance(t, torch.Tensor))
+
+
+def run_generation(run: StepRun) -> int:
+    """``prefill``: the prompt's forward; ``decode``: fill the cache, then one decode step.
+    Returns the bytes of the KV cache at the end (its storages, each counted once)."""
+    recorder, model, kwargs = run.recorder, run.model, run.kwargs
+    model.eval()
+    recorder.phase = Phase.PREFILL
+    with torch.no_grad(), run.autocast():
+        if run.mode == "prefill":
+            cache = prefill(model, kwargs["input_ids"])
+        else:
+            def start_decode() -> None:
+                recorder.phase = Phase.DECODE
+            cache = decode_with_full_cache(model, kwargs["input_ids"], kwargs["next_token"], start_decode)
+    storages = {}
+    for tensor in cache_tensors(cache):
+        recorder.mark(tensor, Role.OUTPUT, "kv cache")
+        key, _, nbytes = storage_key(tensor)
+        storages[key] = nbytes
+    recorder.poll()  # the cache is still referenced here: it stays live to the end
+    return sum(storages.values())

@@ -5,7 +5,7 @@ RetinaNet, FCOS, SSD) in training mode computes its own losses and needs ``targe
 dict per image, ``boxes`` (n x 4, x1 y1 x2 y2 in pixels) and ``labels`` (n, int64), plus
 ``masks`` (n x H x W, uint8) for Mask R-CNN and ``keypoints`` (n x K x 3) for Keypoint
 R-CNN.  Where the job gives none, graphmem makes them: ``n`` boxes per image (default
-``DEFAULT_BOXES``, ``--assume boxes=N``), each half the image's width and height, laid out on
+``graphmem.job.assume.DEFAULT_BOXES``, ``--assume boxes=N``), each half the image's width and height, laid out on
 a grid, of class 1, with a mask filling the box and keypoints on its diagonal.  Each is a
 fake input whose real value is known (a shadow, graphmem.trace.values.shadows), as the model's checks
 on them read values (``degenerate boxes``).  The loss is the sum of the losses the model
@@ -30,10 +30,8 @@ from torch import nn
 
 from graphmem._torch_api import hint_of, unset_fake_temporarily
 
-__all__ = ["BOXES", "DEFAULT_BOXES", "detection_targets", "predicted_boxes", "target_kinds", "target_values"]
+__all__ = ["detection_targets", "predicted_boxes", "target_kinds", "target_values"]
 
-BOXES = "boxes"  # --assume boxes=N: ground-truth boxes per image
-DEFAULT_BOXES = 8
 _DETECTION_CLASSES = (("torchvision.models.detection.generalized_rcnn", "GeneralizedRCNN"),
                       ("torchvision.models.detection.retinanet", "RetinaNet"),
                       ("torchvision.models.detection.fcos", "FCOS"), ("torchvision.models.detection.ssd", "SSD"))

@@ -1,0 +1,81 @@
+"""Activation checkpointing as a trainer applies it: chosen modules' forwards under
+torch.utils.checkpoint (non-reentrant), every N-th of the named classes, optionally selective."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from graphmem.errors import UserInputError
+from graphmem.job.step import StepConfig
+from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.step.optim import selective_policy
+
+__all__ = ["checkpointed"]
+
+
+@contextlib.contextmanager
+def checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iterator[None]:
+    """Run every ``step.checkpoint_every``-th module of the named classes under non-reentrant
+    torch.utils.checkpoint; with ``step.checkpoint_save``, selectively (op outputs kept)."""
+    if not step.checkpoint:
+        yield
+        return
+    paths = {id(m): name for name, m in model.named_modules()}
+    targets = _modules_of(model, step.checkpoint)[::step.checkpoint_every]
+    context = selective_policy(step.checkpoint_save) if step.checkpoint_save else None
+    for module in targets:
+        module.forward = functools.partial(_checkpoint_call, module.forward,
+                                           paths.get(id(module), ""), recorder, context)
+    # transformers' own gradient checkpointing turns the KV cache off while training (a cache
+    # filled in the forward would be appended to again by every recompute); so does this
+    config: Any = getattr(model, "config", None)
+    cached = getattr(config, "use_cache", None)
+    if cached:
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        for module in targets:
+            del module.forward
+        if cached:
+            config.use_cache = cached
+
+
+def _modules_of(model: nn.Module, class_names: tuple[str, ...]) -> list[nn.Module]:
+    """The modules of the named classes, in order.
+
+    Raises:
+        UserInputError: a class names no module of the model; lists its classes.
+    """
+    # by the class or its direct base: FSDP2's fully_shard turns Class into FSDPClass(FSDPModule, Class)
+    def names(m: nn.Module) -> set[str]:
+        return {type(m).__name__, *(base.__name__ for base in type(m).__bases__)}
+
+    found = [m for m in model.modules() if names(m) & set(class_names)]
+    missing = set(class_names) - {name for m in found for name in names(m)}
+    if missing:
+        available = sorted({type(m).__name__ for m in model.modules()})
+        raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
+                             f"model; its classes are: {', '.join(available)}")
+    return found
+
+
+def _checkpoint_call(forward: Any, path: str, recorder: Recorder, context: Callable[[], Any] | None,
+                     *args: Any, **kwargs: Any) -> Any:
+    def run(*inner: Any, **inner_kwargs: Any) -> Any:
+        recorder.modules.stack.append(path)  # names the module in the backward recompute too
+        try:
+            return forward(*inner, **inner_kwargs)
+        finally:
+            recorder.modules.stack.pop()
+
+    if context is None:
+        return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)

@@ -1,0 +1,198 @@
+"""The answers the recorder gives when an op reads values its fake tensors do not hold.
+
+Input: an op that raised a data-dependent error on fake tensors (``.item()``, ``nonzero``, a
+size that depends on values), with what the user declared (``--assume``) and what graphmem
+knows (shadows of assumed inputs, mask counts, the optimizer replica's reads).  Output: the
+op's outputs, or its value, and the note the report shows.  The answerers are tried in one
+order, written once in ``ValueAnswers.ANSWERERS``: the known values (shadows), a rule that
+computes sizes from known values, a declared read, a declared size, the op's largest output.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import sys
+from typing import Any
+
+import torch
+
+from graphmem._torch_api import DynamicOutputShapeException, hint_of, tree_map, unset_fake_temporarily
+from graphmem.errors import TraceError
+from graphmem.job.assume import Assumptions
+from graphmem.trace.rules.registry import ArgMeta, RuleTable, metas, output_bounds
+from graphmem.trace.values.counts import NonzeroCounts
+from graphmem.trace.values.shadows import Shadows
+
+__all__ = ["READ", "ValueAnswers"]
+
+READ = torch.ops.aten._local_scalar_dense.default  # .item(), and every other read of one value
+_REPEAT = torch.ops.aten.repeat_interleave.Tensor  # no bound: as long as the sum of its repeats
+_SUM = torch.ops.aten.sum.default
+_NONZERO = torch.ops.aten.nonzero.default
+_NOT_MINE = object()  # an answerer's "not a read I answer"
+# what a value-dependent op is called in a note
+_BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique"}
+# bitsandbytes' LLM.int8 ops whose outlier columns are bounded (graphmem.trace.rules.quantized)
+_INT8_OUTLIER_OPS = frozenset({"int8_vectorwise_quant", "int8_double_quant", "int8_mixed_scaled_mm"})
+_INT8_OUTLIERS = ("LLM.int8 computes the input columns holding a value past its threshold (6.0) in 16 bits, "
+                  "and how many there are depends on values; ")
+
+
+class ValueAnswers:
+    """Answers value reads for one recording; ``notes`` is the list of the report's
+    assumptions, appended to as answers rest on one."""
+
+    ANSWERERS = ("_from_shadows", "_from_values", "_declared_read", "_declared_size", "_bounded")
+
+    def __init__(self, rules: RuleTable, assume: Assumptions, notes: list[str], read_note: str = "") -> None:
+        self._rules = rules
+        self.notes = notes
+        self.kept = assume.kept  # --assume nonzero=F: value-dependent sizes at F of their most
+        self.read_value = assume.reads  # --assume reads=N: a read of unknown values gives N
+        self.read_note = read_note  # how notes say where read_value came from, when not from --assume reads=N
+        self.shadows = Shadows()
+        self.shadows.routing = assume.routing
+        self.counts = NonzeroCounts()  # masks built from zeros by setting k elements
+        self.declared: dict[str, set[str]] = {}  # where a declared value answered (the model's line) -> modules
+        self.bounded = False  # a value-dependent op was recorded at its bound
+        self._replica: list[Any] = []  # values the optimizer step reads, from graphmem.trace.step.replica
+        self._replica_index = 0
+
+    def use_replica(self, reads: list[Any]) -> None:
+        """The optimizer step's reads from now on: ``reads``, in order (graphmem.trace.step.replica)."""
+        self._replica, self._replica_index = reads, 0
+
+    def replica_value(self) -> Any:
+        """The optimizer step's next read, from its real one-element replica."""
+        if self._replica_index >= len(self._replica):
+            raise TraceError("the optimizer step read more tensor values than its one-element "
+                             "replica did; its control flow depends on parameter sizes")
+        self._replica_index += 1
+        return self._replica[self._replica_index - 1]
+
+    def follow(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """A forward op ran: carry the known values and mask counts to its outputs."""
+        self.shadows.propagate(func, args, kwargs, out)
+        self.counts.propagate(func, args, kwargs, out)
+        if func == _SUM and args[0].dtype == torch.bool and self.shadows.get(out) is None:
+            most = self.counts.most(args[0])
+            self.shadows.mask_count(out, hint_of(args[0].numel()) if most is None else most)
+
+    def answer(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
+        """The outputs (or value) of ``func``, which raised ``error`` reading values, from the
+        first answerer that can give them; ``module`` is where it runs, for the notes.
+
+        Raises:
+            ``error`` itself, when none can.
+        """
+        for name in self.ANSWERERS:
+            out = getattr(self, name)(func, args, kwargs, error, module)
+            if out is not _NOT_MINE:
+                return out
+        raise error
+
+    def _from_shadows(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
+        """The real answer of a value read, or fake outputs with the real (value-dependent) shapes."""
+        if not self.shadows.answerable(args, kwargs):
+            return _NOT_MINE
+        real = self.shadows.run(func, args, kwargs)
+        if not isinstance(real, (torch.Tensor, tuple, list)):
+            return real
+        fake = tree_map(lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype)
+                        if isinstance(r, torch.Tensor) else r, real)
+        self.shadows.attach(args, kwargs, fake, real)
+        return fake
+
+    def _from_values(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
+        """Fake outputs from the op's ``value_kernel`` rule, given the known values of its
+        arguments (not mine: no rule, or a value it needs is unknown)."""
+        rule = self._rules.value_kernels.get(func)
+        if rule is None:
+            return _NOT_MINE
+        known, sources = self.shadows.known_values(args, kwargs)
+        with unset_fake_temporarily():  # the rule computes on the real values
+            out = rule(*metas(args, kwargs, known))
+        if out is None:
+            return _NOT_MINE
+        self.shadows.used |= sources
+        return tree_map(lambda m: torch.empty_strided(m.shape, m.stride, dtype=m.dtype)
+                        if isinstance(m, ArgMeta) else m, out)
+
+    def _declared_read(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
+        """A number read from values no shadow knows, as declared with ``--assume reads=N``: N in
+        the tensor's kind (a condition: true unless N is 0)."""
+        n = self.read_value
+        if func != READ or n is None:
+            return _NOT_MINE
+        t = args[0]
+        value: Any = bool(n) if t.dtype == torch.bool else float(n) if t.is_floating_point() else n
+        self.declared.setdefault(f"`{_model_line()}` read as {value}", set()).add(module)
+        return value
+
+    def _declared_size(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
+        """``repeat_interleave`` of repeats no shadow knows (its output as long as their sum), as
+        declared with ``--assume reads=N``: N elements."""
+        if func != _REPEAT or self.read_value is None:
+            return _NOT_MINE
+        self.declared.setdefault(f"`{_model_line()}` repeating to {self.read_value} elements", set()).add(module)
+        return torch.empty(self.read_value, dtype=args[0].dtype)
+
+    def _bounded(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
+        """Outputs at the op's largest size (``output_bounds`` rules), or at the declared
+        fraction of it (``kept``), noted in the report: the peak is then an upper bound."""
+        rule = self._rules.output_bounds.get(func)
+        if rule is None or not isinstance(error, DynamicOutputShapeException):
+            return _NOT_MINE
+        try:
+            bound = output_bounds(rule, *metas(args, kwargs))
+        except NotImplementedError:
+            raise error from None
+        most = hint_of(bound.count)  # with sizes as symbols, the trace is then not kept as a formula
+        set_at_most = self.counts.most(args[0]) if func == _NONZERO else None
+        if set_at_most is not None:  # a mask made from zeros by setting some elements
+            most = min(most, set_at_most)
+        count = most if self.kept is None else min(most, math.ceil(most * self.kept))
+        self.bounded = True
+        outs = tuple(torch.empty(shape, dtype=dtype)
+                     for shape, (_, dtype) in zip(bound.shapes(count), bound.outputs, strict=True))
+        note = self._bound_note(func.__name__.split(".")[0], module, count, most)
+        if note not in self.notes:
+            self.notes.append(note)
+        self.counts.propagate(func, args, kwargs, outs[0] if len(outs) == 1 else outs)  # nonzero: its positions
+        return outs[0] if len(outs) == 1 else outs
+
+    def _bound_note(self, op: str, module: str, count: int, most: int) -> str:
+        if op in _INT8_OUTLIER_OPS and self.kept is None:  # one note for every int8 layer
+            return (f"upper bound (int8 base): {_INT8_OUTLIERS}recorded with every column an outlier, the most "
+                    "there can be (declare a fraction with --assume nonzero=0.5)")
+        if op in _INT8_OUTLIER_OPS:
+            return (f"int8 base: {_INT8_OUTLIERS}recorded with {self.kept:g} of the columns outliers, as declared "
+                    f"with --assume nonzero={self.kept:g}")
+        name = _BOUNDED_NAMES.get(op, op)
+        where = f"{name} in {module}" if module else name
+        if self.kept is None:
+            return (f"upper bound: {where} depends on values; recorded keeping {count:,} elements, the most "
+                    "it can (declare a fraction with --assume nonzero=0.5)")
+        return (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
+                f"as declared with --assume nonzero={self.kept:g}")
+
+    def declared_notes(self) -> list[str]:
+        """The report's notes on ``--assume reads=N``: each line of the model's code it answered."""
+        if self.read_note:
+            return [f"{self.read_note}: {what}{f' ({len(modules)} places)' if len(modules) > 1 else ''}"
+                    for what, modules in self.declared.items()]
+        return [f"a value the model computes and reads was taken as declared with --assume reads={self.read_value}: "
+                f"{what}{f' (in {len(modules)} modules)' if len(modules) > 1 else ''}; the peak holds for that value"
+                for what, modules in self.declared.items()]
+
+
+def _model_line() -> str:
+    """The innermost line of the model's own code on the stack (not torch's, not graphmem's)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not any(part in path for part in ("/torch/", "/graphmem/", "<")):
+            return linecache.getline(path, frame.f_lineno).split("  #")[0].strip()[:100]
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
