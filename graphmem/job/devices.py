@@ -29,9 +29,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from graphmem.patching import patched
+
 __all__ = ["cuda_calls_on_cpu"]
 
-_MISSING = object()
 _TENSOR_MOVES = (torch.Tensor.to, torch.Tensor.cuda)
 
 
@@ -126,15 +127,6 @@ def cuda_calls_on_cpu(target: str, *, tensors_on: str = "cpu", functions: bool =
     _import_dynamo_first()
     here = torch.device(tensors_on)
     answers = _answers(target) if functions else {**_answers(target), **_method_answers(here)}
-    saved = {key: vars(key[0]).get(key[1], _MISSING) for key in answers}
-    try:
-        for (owner, name), replacement in answers.items():
-            setattr(owner, name, replacement)
-        with _CudaDevicesHere(here) if functions else contextlib.nullcontext():
-            yield
-    finally:
-        for (owner, name), original in saved.items():
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+    with patched(*((owner, name, replacement) for (owner, name), replacement in answers.items())), \
+            _CudaDevicesHere(here) if functions else contextlib.nullcontext():
+        yield

@@ -39,13 +39,9 @@ def _ddp(model: nn.Module, spec: ParallelSpec) -> nn.Module:
     import torch.nn.parallel.distributed as ddp_module
 
     world = spec.world_size
-    check = getattr(ddp_module, _VERIFY)
-    setattr(ddp_module, _VERIFY, lambda *args, **kwargs: None)  # it reads values, which fakes lack
-    try:
+    with patched((ddp_module, _VERIFY, lambda *args, **kwargs: None)):  # it reads values, which fakes lack
         wrapped = ddp_module.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_mb,
                                                      gradient_as_bucket_view=spec.bucket_view)
-    finally:
-        setattr(ddp_module, _VERIFY, check)
     _fake_allreduce(wrapped, world)
     return wrapped
 
@@ -108,18 +104,14 @@ def _users_own(model: nn.Module, spec: ParallelSpec, mesh: Any, fake_mode: Any,
     if isinstance(fn, str):
         fn = _import_function(fn)
     assert callable(fn), "apply_parallel: parallelize is neither text nor callable"
-    check = getattr(ddp_module, _VERIFY)
-    setattr(ddp_module, _VERIFY, lambda *args, **kwargs: None)
     try:
-        with fake_mode, created:
+        with patched((ddp_module, _VERIFY, lambda *args, **kwargs: None)), fake_mode, created:
             result = fn(model, mesh)
     except GraphmemError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # broad: the user's function may raise anything; reported as theirs
         raise UserInputError(f"your --parallelize function {getattr(fn, '__qualname__', fn)} failed on the fake "
                              f"model: {type(exc).__name__}: {exc}") from exc
-    finally:
-        setattr(ddp_module, _VERIFY, check)
     wrapped = result if isinstance(result, nn.Module) else model
     if isinstance(wrapped, ddp_module.DistributedDataParallel):
         _fake_allreduce(wrapped, spec.world_size)

@@ -22,6 +22,7 @@ from graphmem._torch_api import fsdp_storage_modules
 from graphmem.errors import UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
+from graphmem.patching import patched
 
 __all__ = ["following_resizes", "fsdp_units"]
 
@@ -98,10 +99,5 @@ def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]
             resized(tensor)
         return run
 
-    for (module, name), original in originals.items():
-        setattr(module, name, wrap(original))
-    try:
+    with patched(*((module, name, wrap(original)) for (module, name), original in originals.items())):
         yield
-    finally:
-        for (module, name), original in originals.items():
-            setattr(module, name, original)

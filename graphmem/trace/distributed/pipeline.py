@@ -22,6 +22,7 @@ from torch import nn
 from graphmem._torch_api import pipeline_inference_mode
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
+from graphmem.patching import patched
 from graphmem.trace.distributed.fsdp import fsdp_units
 
 __all__ = ["PipelineStageModule", "pipeline_schedule", "pipeline_split", "pipeline_stage_module",
@@ -281,11 +282,5 @@ def pipeline_warmup_known() -> Iterator[None]:
 
     targets = [cls for cls in (schedules._PipelineSchedule, schedules.PipelineScheduleSingle)
                if "_warmup_p2p" in cls.__dict__]
-    saved = {cls: cls.__dict__["_warmup_p2p"] for cls in targets}
-    for cls in targets:
-        setattr(cls, "_warmup_p2p", warmup)  # noqa: B010 (a method replaced while inside)
-    try:
+    with patched(*((cls, "_warmup_p2p", warmup) for cls in targets)):
         yield
-    finally:
-        for cls, value in saved.items():
-            setattr(cls, "_warmup_p2p", value)  # noqa: B010
