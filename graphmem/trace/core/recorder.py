@@ -33,21 +33,13 @@ from graphmem.trace.core.graph import GraphBuilder
 from graphmem.trace.core.modules import ModuleTracker
 from graphmem.trace.core.outputs import DtypeChecks, fixed_outputs, fresh_outputs
 from graphmem.trace.core.storages import HELD, StorageBooks
+from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import RuleTable, metas, scratch_bytes
-from graphmem.trace.values.answers import READ, ValueAnswers
+from graphmem.trace.values.answers import ValueAnswers
 
 __all__ = ["Recorder"]
 
-# FakeTensorMode turns a real constant (torch.tensor(1.0)) into a fake copy through these; in a
-# real run input and output are one tensor, so only the output is counted.
-_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default)
 _FAKES_ON = torch.device("cpu")
-# size queries that reach the mode when sizes are symbols (graphmem.trace.symbolic): no
-# tensor, no memory, and not dispatched at all when sizes are numbers, so never recorded
-_SIZE_QUERIES = frozenset(getattr(packet, overload) for packet in (
-    torch.ops.aten.size, torch.ops.aten.stride, torch.ops.aten.numel, torch.ops.aten.storage_offset,
-    torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_numel, torch.ops.aten.sym_storage_offset)
-    for overload in packet.overloads())
 _PROGRESS_EVERY = 4096  # recorded ops between progress lines
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
@@ -125,13 +117,13 @@ class Recorder(TorchDispatchMode):
             self.dispatching -= 1
 
     def _dispatch(self, func: Any, args: Any, kwargs: Any, device: Any) -> Any:
-        if self.silent or func.namespace in ("prim", "profiler") or func in _SIZE_QUERIES:  # queries, marks
+        if self.silent or func.namespace in ("prim", "profiler") or func in ops.SIZE_QUERIES:  # queries, marks
             return func(*args, **kwargs)
         interrupts.check()  # a safe point for Ctrl-C (graphmem.interrupts): an op about to be recorded
         self.poll()
         index = len(self.ops)
         in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
-                      and func not in _LIFTS]  # a lift's input is the real constant it fakes
+                      and func not in ops.LIFTS]  # a lift's input is the real constant it fakes
         in_sids = tuple(dict.fromkeys(self.books.track(t, index).sid for t in in_tensors))
         module = self.modules.current(self.phase, in_sids, self.ops)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
@@ -167,7 +159,7 @@ class Recorder(TorchDispatchMode):
         """Run the op on fake tensors.  A value the optimizer step reads comes from the real
         one-element replica (graphmem.trace.step.replica), in order; a value or value-dependent
         shape the model reads from ``ValueAnswers``."""
-        if func == READ and self.phase == Phase.OPTIMIZER:
+        if func == ops.READ and self.phase == Phase.OPTIMIZER:
             return self.answers.replica_value()
         if func.overloadpacket in _RETURNS_INPUT:
             func(*args, **kwargs)

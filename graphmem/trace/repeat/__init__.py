@@ -2,9 +2,10 @@
 
 Input: what graphmem.trace.recording.trace_step takes (a model and a ``Recording``).  Output:
 its ``Trace``.  A model with a stack of alike blocks (graphmem.trace.repeat.blocks) is recorded
-cut to its first four blocks and the others are placed by offset (graphmem.trace.repeat.place); the cut recording checks itself
-first, and any model it does not fit, a generation step, a parallel step other than FSDP's,
-and any recording that fails cut is recorded whole.  ``GRAPHMEM_REPEATED_BLOCKS=0`` always records whole.
+cut to its first four blocks and the others are placed by offset (graphmem.trace.repeat.place);
+the cut recording checks itself first, and any model it does not fit, a generation step, a
+parallel step other than FSDP's, and any recording that fails cut is recorded whole.
+``GRAPHMEM_REPEATED_BLOCKS=0`` always records whole.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.rules.registry import ArgMeta, Bound, register
+from graphmem.trace.rules.registry import ArgMeta, Bound, RuleKind, register
 
 aten = torch.ops.aten
 _MASKS = (torch.bool, torch.uint8)
@@ -31,21 +31,21 @@ def _dim(args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int, name: 
     return args[position] if len(args) > position else kwargs.get(name, default)
 
 
-@register(aten.nonzero.default, device="any", kind="output_bounds")
+@register(aten.nonzero.default, device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def nonzero_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """(count, ndim) int64 indices; count at most numel."""
     x: ArgMeta = args[0]
     return Bound(_numel(x.shape), (((None, len(x.shape)), torch.int64),))
 
 
-@register(aten.masked_select.default, device="any", kind="output_bounds")
+@register(aten.masked_select.default, device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def masked_select_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """(count,) elements; count at most the numel of self and mask broadcast together."""
     x, mask = args[0], args[1]
     return Bound(_numel(torch.broadcast_shapes(x.shape, mask.shape)), (((None,), x.dtype),))
 
 
-@register(aten.index.Tensor, device="any", kind="output_bounds")
+@register(aten.index.Tensor, device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def mask_index_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """``x[mask]``: a boolean index of k dims stands for one integer index of ``count``
     entries over those k dims (count at most the mask's numel); then the usual advanced
@@ -92,7 +92,7 @@ def _broadcast_with_count(shapes: list[tuple[int | None, ...]]) -> tuple[int | N
     return tuple(out)
 
 
-@register(aten._unique2.default, device="any", kind="output_bounds")
+@register(aten._unique2.default, device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def unique_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """values (count,), inverse (self's shape, or empty), counts (count,) or empty."""
     x: ArgMeta = args[0]
@@ -102,7 +102,7 @@ def unique_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
                                    ((None,) if counts else (0,), torch.int64)))
 
 
-@register(aten.unique_consecutive.default, device="any", kind="output_bounds")
+@register(aten.unique_consecutive.default, device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def unique_consecutive_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """As ``_unique2`` without ``dim``; as ``unique_dim`` with it."""
     dim = _dim(args, kwargs, 3, "dim", None)
@@ -115,7 +115,7 @@ def unique_consecutive_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -
                                    ((None,) if counts else (0,), torch.int64)))
 
 
-@register(aten.unique_dim.default, device="any", kind="output_bounds")
+@register(aten.unique_dim.default, device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def unique_dim_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """Distinct slices along ``dim``: at most size(dim)."""
     return _along(args[0], _dim(args, kwargs, 1, "dim", 0))
@@ -127,7 +127,7 @@ def _along(x: ArgMeta, dim: int) -> Bound:
     return Bound(x.shape[dim], ((values, x.dtype), ((x.shape[dim],), torch.int64), ((None,), torch.int64)))
 
 
-@register("torchvision::nms.default", device="any", kind="output_bounds")
+@register("torchvision::nms.default", device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def nms_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """torchvision's non-maximum suppression: (count,) int64 indices of the boxes kept, count at
     most the number of boxes (every box kept: none overlaps another past the threshold).

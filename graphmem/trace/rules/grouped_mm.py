@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.rules.registry import ArgMeta, register
+from graphmem.trace.rules.registry import ArgMeta, RuleKind, register
 
 aten = torch.ops.aten
 _ACCEPTED = (torch.float32, torch.bfloat16, torch.float16)
@@ -35,7 +35,7 @@ def _arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, .
     return tuple(values.get(name) for name in names)
 
 
-@register(aten._grouped_mm.default, device="cpu", kind="fake_kernel")
+@register(aten._grouped_mm.default, device="cpu", kind=RuleKind.FAKE_KERNEL)
 def grouped_mm_output(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ArgMeta:
     """The output of ``_grouped_mm`` as PyTorch's own kernels make it.
 

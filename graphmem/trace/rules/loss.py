@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.rules.registry import ArgMeta, register
+from graphmem.trace.rules.registry import ArgMeta, RuleKind, register
 
 aten = torch.ops.aten
 
@@ -21,7 +21,7 @@ def _contiguous(shape: tuple[int, ...], dtype: torch.dtype) -> ArgMeta:
     return ArgMeta(shape, dtype, tuple(reversed(strides)))
 
 
-@register(aten._ctc_loss.Tensor, device="any", kind="value_kernel")
+@register(aten._ctc_loss.Tensor, device="any", kind=RuleKind.VALUE_KERNEL)
 def ctc_loss_outputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[ArgMeta, ArgMeta] | None:
     """CTC loss with the lengths as tensors (what ``F.ctc_loss`` calls): the per-sample loss
     (batch,) and the forward variables log_alpha (batch, T, 2 x longest target + 1), as
@@ -37,7 +37,7 @@ def ctc_loss_outputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
             _contiguous((batch, frames, 2 * longest + 1), log_probs.dtype))
 
 
-@register(aten.mse_loss.default, device="cpu", kind="fake_kernel")
+@register(aten.mse_loss.default, device="cpu", kind=RuleKind.FAKE_KERNEL)
 def mse_loss_output(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ArgMeta:
     """``mse_loss``: a structured kernel whose meta function (aten/src/ATen/native/Loss.cpp,
     TORCH_META_FUNC(mse_loss)) builds the output as the broadcast of input and target, then,

@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.rules.registry import ArgMeta, register
+from graphmem.trace.rules.registry import ArgMeta, RuleKind, register
 
 aten = torch.ops.aten
 _LOW = (torch.bfloat16, torch.float16)
 
 
-@register(aten.native_batch_norm.default, device="cpu", kind="output_dtypes")
+@register(aten.native_batch_norm.default, device="cpu", kind=RuleKind.OUTPUT_DTYPES)
 def batch_norm_mixed_type_stats(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[int, torch.dtype]:
     """CPU batch norm with a bf16/fp16 input and fp32 weight ("mixed type", as under autocast)
     returns save_mean and save_invstd in the weight's dtype; FakeTensor's decomposition
@@ -34,7 +34,7 @@ def _contiguous(shape: tuple[Any, ...], dtype: torch.dtype) -> ArgMeta:
     return ArgMeta(tuple(shape), dtype, tuple(reversed(stride)))
 
 
-@register(aten.native_layer_norm_backward.default, device="cpu", kind="fake_kernel")
+@register(aten.native_layer_norm_backward.default, device="cpu", kind=RuleKind.FAKE_KERNEL)
 def layer_norm_backward_contiguous(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[ArgMeta | None, ...]:
     """The gradients of layer norm as the real kernels lay them out: contiguous, whatever the
     input's strides.  Both kernels make the input contiguous first and allocate the gradients

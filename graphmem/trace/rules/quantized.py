@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.rules.registry import ArgMeta, Bound, register
+from graphmem.trace.rules.registry import ArgMeta, Bound, RuleKind, register
 
 # bitsandbytes/backends/cuda/ops.py (0.50): at most this many rows of A, gemm_4bit always runs
 # its fused kernel; past 1536 rows always the dequantize-then-linear path
@@ -39,7 +39,7 @@ def gemm_4bit_workspace(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int
     return int(math.prod(shape_b)) * a.dtype.itemsize + scales
 
 
-@register("bitsandbytes::gemm_4bit.default", device="any", kind="flops")
+@register("bitsandbytes::gemm_4bit.default", device="any", kind=RuleKind.FLOPS)
 def gemm_4bit_flops(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     """A (rows x K) times the (N x K) weight's transpose: 2 x rows x N x K, as for aten.mm."""
     a: ArgMeta = args[0]
@@ -53,7 +53,7 @@ def gemm_4bit_flops(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
 # 16 bits apart from the int8 matmul.  How many there are depends on the values: at most all
 # K columns of the input (bitsandbytes/backends/default/ops.py, 0.50).
 
-@register("bitsandbytes::int8_vectorwise_quant.default", device="any", kind="output_bounds")
+@register("bitsandbytes::int8_vectorwise_quant.default", device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def int8_vectorwise_quant_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """A (rows x K) quantized row-wise: int8 of A's shape, a float32 scale per row, and the
     int64 indices of the outlier columns (at most K)."""
@@ -62,7 +62,7 @@ def int8_vectorwise_quant_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]
     return Bound(a.shape[-1], ((tuple(a.shape), torch.int8), ((rows,), torch.float32), ((None,), torch.int64)))
 
 
-@register("bitsandbytes::int8_double_quant.default", device="any", kind="output_bounds")
+@register("bitsandbytes::int8_double_quant.default", device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def int8_double_quant_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """As int8_vectorwise_quant, quantized both row- and column-wise: two int8 copies of A,
     float32 scales per row and per column, and the outlier columns' indices (at most K)."""
@@ -72,7 +72,7 @@ def int8_double_quant_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
                      ((k,), torch.float32), ((None,), torch.int64)))
 
 
-@register("bitsandbytes::int8_mixed_scaled_mm.default", device="any", kind="output_bounds")
+@register("bitsandbytes::int8_mixed_scaled_mm.default", device="any", kind=RuleKind.OUTPUT_BOUNDS)
 def int8_mixed_scaled_mm_bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bound:
     """The int8 matmul plus the outlier columns in A's dtype: the output (rows x N) and the
     outlier columns of A it keeps for the backward (rows x count, count at most K)."""

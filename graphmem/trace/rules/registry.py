@@ -45,15 +45,16 @@ Nothing but ``register`` writes to the table.  Users extend with a mapping passe
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum, unique
 from typing import Any
 
 import torch
 
 from graphmem._torch_api import OpOverload, tree_map
 
-__all__ = ["ArgMeta", "Bound", "Rule", "RuleTable", "metas", "output_bounds", "output_shapes", "register",
+__all__ = ["ArgMeta", "Bound", "Rule", "RuleKind", "RuleTable", "metas", "output_bounds", "output_shapes", "register",
            "rules_for", "scratch_bytes"]
 
 
@@ -96,8 +97,22 @@ def metas(args: Any, kwargs: Any, known: Mapping[int, torch.Tensor] | None = Non
 # output_shapes rules return {output index: shape}; fake_kernel rules return an ArgMeta
 Rule = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
-KINDS = ("scratch", "output_dtypes", "output_shapes", "fake_kernel", "output_bounds", "flops", "value_kernel")
-_RULES: dict[tuple[str, str, OpOverload | str], Rule] = {}
+
+
+@unique
+class RuleKind(StrEnum):
+    """What a rule answers (the module docstring gives each kind's question and answer)."""
+
+    SCRATCH = "scratch"
+    OUTPUT_DTYPES = "output_dtypes"
+    OUTPUT_SHAPES = "output_shapes"
+    FAKE_KERNEL = "fake_kernel"
+    OUTPUT_BOUNDS = "output_bounds"
+    FLOPS = "flops"
+    VALUE_KERNEL = "value_kernel"
+
+
+_RULES: dict[tuple[str, RuleKind, OpOverload | str], Rule] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,30 +128,35 @@ class RuleTable:
     value_kernels: Mapping[OpOverload, Rule] = field(default_factory=dict)
 
 
-def register(op: OpOverload | str, *, device: str, kind: str = "scratch") -> Callable[[Rule], Rule]:
-    """Decorator registering ``fn`` as the ``kind`` rule of ``op`` on ``device``.  ``op`` may be
-    a library's op by name (``"torchvision::nms.default"``): its rule applies once that library
-    has registered the op (the user's model imported it).
+def register(op: OpOverload | str | Sequence[OpOverload | str], *, device: str,
+             kind: RuleKind | str = RuleKind.SCRATCH) -> Callable[[Rule], Rule]:
+    """Decorator registering ``fn`` as the ``kind`` rule of ``op`` (or of each op of a list) on
+    ``device``.  An op may be a library's op by name (``"torchvision::nms.default"``): its rule
+    applies once that library has registered the op (the user's model imported it).
 
     Raises:
-        TypeError: ``op`` is not an OpOverload (e.g. an OpOverloadPacket) nor "namespace::name.overload".
-        ValueError: a rule for (device, op) exists already; names both functions.
+        TypeError: an op is not an OpOverload (e.g. an OpOverloadPacket) nor "namespace::name.overload".
+        ValueError: an unknown kind, or a rule for (device, kind, op) exists already; names both functions.
     """
-    if isinstance(op, str):
-        if not re.fullmatch(r"\w+::\w+\.\w+", op):
-            raise TypeError(f"register: expected an op name such as 'torchvision::nms.default', got {op!r}")
-    elif not isinstance(op, OpOverload):
-        raise TypeError(f"register: expected an OpOverload such as aten.mm.default, got {op!r}")
-    if kind not in KINDS:
-        raise ValueError(f"register: unknown kind {kind!r}; expected one of {KINDS}")
+    ops: list[OpOverload | str] = list(op) if isinstance(op, (list, tuple)) else [op]  # type: ignore[list-item]
+    for one in ops:
+        if isinstance(one, str):
+            if not re.fullmatch(r"\w+::\w+\.\w+", one):
+                raise TypeError(f"register: expected an op name such as 'torchvision::nms.default', got {one!r}")
+        elif not isinstance(one, OpOverload):
+            raise TypeError(f"register: expected an OpOverload such as aten.mm.default, got {one!r}")
+    if kind not in set(RuleKind):
+        raise ValueError(f"register: unknown kind {kind!r}; expected one of {tuple(k.value for k in RuleKind)}")
+    rule_kind = RuleKind(kind)
 
     def decorate(fn: Rule) -> Rule:
-        key = (device, kind, op)
-        if key in _RULES:
-            old = _RULES[key]
-            raise ValueError(f"register: duplicate rule for {op} on {device}: "
-                             f"{old.__module__}.{old.__qualname__} and {fn.__module__}.{fn.__qualname__}")
-        _RULES[key] = fn
+        for one in ops:
+            key = (device, rule_kind, one)
+            if key in _RULES:
+                old = _RULES[key]
+                raise ValueError(f"register: duplicate rule for {one} on {device}: "
+                                 f"{old.__module__}.{old.__qualname__} and {fn.__module__}.{fn.__qualname__}")
+            _RULES[key] = fn
         return fn
 
     return decorate
@@ -144,16 +164,17 @@ def register(op: OpOverload | str, *, device: str, kind: str = "scratch") -> Cal
 
 def rules_for(device: str, extra: Mapping[OpOverload, Rule] | None = None) -> RuleTable:
     """The rules for ``device``; ``extra`` adds or overrides scratch rules."""
-    def of(wanted: str) -> dict[OpOverload, Rule]:
+    def of(wanted: RuleKind) -> dict[OpOverload, Rule]:
         found = ((_resolved(op), fn) for (dev, kind, op), fn in _RULES.items() if dev in (device, "any")
                  and kind == wanted)
         return {op: fn for op, fn in found if op is not None}
 
-    scratch = of("scratch")
+    scratch = of(RuleKind.SCRATCH)
     scratch.update(extra or {})
-    return RuleTable(scratch=scratch, output_dtypes=of("output_dtypes"), output_shapes=of("output_shapes"),
-                     fake_kernels=of("fake_kernel"), output_bounds=of("output_bounds"), flops=of("flops"),
-                     value_kernels=of("value_kernel"))
+    return RuleTable(scratch=scratch, output_dtypes=of(RuleKind.OUTPUT_DTYPES),
+                     output_shapes=of(RuleKind.OUTPUT_SHAPES), fake_kernels=of(RuleKind.FAKE_KERNEL),
+                     output_bounds=of(RuleKind.OUTPUT_BOUNDS), flops=of(RuleKind.FLOPS),
+                     value_kernels=of(RuleKind.VALUE_KERNEL))
 
 
 def _resolved(op: OpOverload | str) -> OpOverload | None:

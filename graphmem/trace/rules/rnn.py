@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from graphmem.trace.rules.registry import ArgMeta, register
+from graphmem.trace.rules.registry import ArgMeta, RuleKind, register
 
 aten = torch.ops.aten
 
@@ -62,7 +62,7 @@ def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: i
     return sum(_page(part) for part in parts)
 
 
-@register(aten.mkldnn_rnn_layer.default, device="cpu", kind="output_shapes")
+@register(aten.mkldnn_rnn_layer.default, device="cpu", kind=RuleKind.OUTPUT_SHAPES)
 def onednn_lstm_workspace(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
     """CPU LSTM training runs oneDNN (aten/src/ATen/native/mkldnn/RNN.cpp, one
     mkldnn_rnn_layer call per layer and direction).  When grad mode is on, the real kernel

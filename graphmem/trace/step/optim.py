@@ -14,12 +14,9 @@ import torch.nn.functional as F
 from graphmem._torch_api import tree_flatten
 from graphmem.errors import TraceError, UnsupportedError, UserInputError
 from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer
+from graphmem.trace.rules import ops
 
 __all__ = ["make_optimizer", "find_logits", "compute_loss", "make_targets", "selective_policy"]
-
-_MATMULS = ("mm", "addmm", "bmm", "baddbmm")
-_ATTENTION = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero: bool = False
@@ -113,13 +110,13 @@ def selective_policy(save: Sequence[str]) -> Callable[[], Any]:
     with torch's own create_selective_checkpoint_contexts."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    matmuls = _packets(_MATMULS)
+    matmuls = ops.MATMULS
     every_second = "every-2nd-matmul" in save
     chosen = set(_packets([n for n in save if n.startswith("aten.")]))
     if "matmuls" in save:
         chosen |= matmuls
     if "attention" in save:
-        chosen |= {getattr(torch.ops.aten, n) for n in _ATTENTION if hasattr(torch.ops.aten, n)}
+        chosen |= ops.ATTENTION
 
     def make() -> Any:
         counts = {"forward": 0, "recompute": 0}  # matmuls seen by this checkpoint call

@@ -18,11 +18,11 @@ import torch
 
 from graphmem._torch_api import TorchDispatchMode
 from graphmem.job.step import StepConfig
+from graphmem.trace.rules import ops
 from graphmem.trace.step.optim import make_optimizer
 
 __all__ = ["ValueReads", "optimizer_scalar_reads"]
 
-_READ = torch.ops.aten._local_scalar_dense.default
 
 
 class ValueReads(TorchDispatchMode):
@@ -34,7 +34,7 @@ class ValueReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func == _READ:
+        if func == ops.READ:
             self.values.append(out)
         return out
 

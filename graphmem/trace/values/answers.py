@@ -20,16 +20,13 @@ import torch
 from graphmem._torch_api import DynamicOutputShapeException, hint_of, tree_map, unset_fake_temporarily
 from graphmem.errors import TraceError
 from graphmem.job.assume import Assumptions
+from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, metas, output_bounds
 from graphmem.trace.values.counts import NonzeroCounts
 from graphmem.trace.values.shadows import Shadows
 
-__all__ = ["READ", "ValueAnswers"]
+__all__ = ["ValueAnswers"]
 
-READ = torch.ops.aten._local_scalar_dense.default  # .item(), and every other read of one value
-_REPEAT = torch.ops.aten.repeat_interleave.Tensor  # no bound: as long as the sum of its repeats
-_SUM = torch.ops.aten.sum.default
-_NONZERO = torch.ops.aten.nonzero.default
 _NOT_MINE = object()  # an answerer's "not a read I answer"
 # what a value-dependent op is called in a note
 _BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique"}
@@ -75,7 +72,7 @@ class ValueAnswers:
         """A forward op ran: carry the known values and mask counts to its outputs."""
         self.shadows.propagate(func, args, kwargs, out)
         self.counts.propagate(func, args, kwargs, out)
-        if func == _SUM and args[0].dtype == torch.bool and self.shadows.get(out) is None:
+        if func == ops.SUM and args[0].dtype == torch.bool and self.shadows.get(out) is None:
             most = self.counts.most(args[0])
             self.shadows.mask_count(out, hint_of(args[0].numel()) if most is None else most)
 
@@ -123,7 +120,7 @@ class ValueAnswers:
         """A number read from values no shadow knows, as declared with ``--assume reads=N``: N in
         the tensor's kind (a condition: true unless N is 0)."""
         n = self.read_value
-        if func != READ or n is None:
+        if func != ops.READ or n is None:
             return _NOT_MINE
         t = args[0]
         value: Any = bool(n) if t.dtype == torch.bool else float(n) if t.is_floating_point() else n
@@ -133,7 +130,7 @@ class ValueAnswers:
     def _declared_size(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
         """``repeat_interleave`` of repeats no shadow knows (its output as long as their sum), as
         declared with ``--assume reads=N``: N elements."""
-        if func != _REPEAT or self.read_value is None:
+        if func != ops.REPEAT_BY_VALUES or self.read_value is None:
             return _NOT_MINE
         self.declared.setdefault(f"`{_model_line()}` repeating to {self.read_value} elements", set()).add(module)
         return torch.empty(self.read_value, dtype=args[0].dtype)
@@ -149,7 +146,7 @@ class ValueAnswers:
         except NotImplementedError:
             raise error from None
         most = hint_of(bound.count)  # with sizes as symbols, the trace is then not kept as a formula
-        set_at_most = self.counts.most(args[0]) if func == _NONZERO else None
+        set_at_most = self.counts.most(args[0]) if func == ops.NONZERO else None
         if set_at_most is not None:  # a mask made from zeros by setting some elements
             most = min(most, set_at_most)
         count = most if self.kept is None else min(most, math.ceil(most * self.kept))

@@ -37,29 +37,14 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import hint_of
+from graphmem.trace.rules import ops
+
+aten = torch.ops.aten
 
 __all__ = ["NonzeroCounts"]
 
-aten = torch.ops.aten
-_ZEROS = frozenset({aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.zero_.default})
-_FILLS = frozenset({aten.full.default, aten.full_like.default, aten.new_full.default, aten.fill_.Scalar})
-_INDEX_PUTS = frozenset({aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default})
-_UNIONS = frozenset({aten.bitwise_or.Tensor, aten.logical_or.default, aten.add.Tensor})
-# the same elements, or the same values in another dtype or layout: the count carries over
-_SAME = frozenset({aten._to_copy.default, aten.clone.default, aten.view.default, aten._unsafe_view.default,
-                   aten.reshape.default, aten.alias.default, aten.detach.default, aten.squeeze.dim,
-                   aten.unsqueeze.default, aten.flatten.using_ints, aten.ne.Scalar, aten.gt.Scalar})
-_COPIES = _SAME - {aten.ne.Scalar, aten.gt.Scalar}  # the same values, not a comparison of them
-_INF = math.inf
-# a comparison with the integer c, as the range of integers it holds for
-_COMPARISONS = {aten.ge.Scalar: lambda c: (c, _INF), aten.gt.Scalar: lambda c: (c + 1, _INF),
-                aten.eq.Scalar: lambda c: (c, c), aten.le.Scalar: lambda c: (-_INF, c),
-                aten.lt.Scalar: lambda c: (-_INF, c - 1)}
-# the indices of a 1-D tensor's nonzero elements: nonzero gives them as one column, unbind or
-# select takes it out
-_COLUMNS = frozenset({aten.nonzero.default, aten.unbind.int, aten.select.int})
-_FOLLOWED = (_ZEROS | _FILLS | _INDEX_PUTS | _UNIONS | _SAME | _COLUMNS
-             | {aten.cat.default, aten.index.Tensor, *_COMPARISONS})
+_FOLLOWED = (ops.ZEROS | ops.FILLS | ops.INDEX_PUTS | ops.UNIONS | ops.SAME_ELEMENTS | ops.COLUMNS
+             | {aten.cat.default, aten.index.Tensor, *ops.COMPARISONS})
 
 _Range = tuple[float, float]  # integers lo..hi, either end possibly infinite
 
@@ -115,25 +100,25 @@ class NonzeroCounts:
                 self._most[out] = min(*counts, hint_of(out.numel()))
 
     def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-        if func in _ZEROS:
+        if func in ops.ZEROS:
             return 0
-        if func in _FILLS:
+        if func in ops.FILLS:
             value = args[-1] if func is not aten.full.default else args[1]
             return 0 if isinstance(value, (int, float, bool)) and value == 0 else None
-        if func in _INDEX_PUTS:
+        if func in ops.INDEX_PUTS:
             before = self.most(args[0])
             indices = args[1]
             if before is None or any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
                 return None
             shapes = [tuple(hint_of(d) for d in i.shape) for i in indices if i is not None]
             return before + math.prod(torch.broadcast_shapes(*shapes)) if shapes else None
-        if func in _UNIONS:
+        if func in ops.UNIONS:
             counts = [self.most(t) for t in args[:2]]
             return None if None in counts else sum(c for c in counts if c is not None)
         if func == aten.cat.default:
             counts = [self.most(t) for t in args[0]]
             return None if None in counts else sum(c for c in counts if c is not None)
-        if func in _SAME:
+        if func in ops.SAME_ELEMENTS:
             if func in (aten.ne.Scalar, aten.gt.Scalar) and args[1] != 0:
                 return None
             return self.most(args[0])
@@ -149,31 +134,31 @@ class NonzeroCounts:
 
     def _by_value(self, func: Any, args: tuple[Any, ...]) -> int | None:
         """A comparison of values in groups: the groups whose range it can meet."""
-        parts = self._get(self._parts, args[0]) if func in _COMPARISONS else None
+        parts = self._get(self._parts, args[0]) if func in ops.COMPARISONS else None
         if parts is None or not _integer_comparison(args):
             return None
-        wanted = _COMPARISONS[func](args[1])
+        wanted = ops.COMPARISONS[func](args[1])
         return int(sum(k for k, values in parts if _meets(values, wanted)))
 
     def _follow(self, func: Any, args: tuple[Any, ...], out: Any, count: int | None) -> None:
         x: Any = args[0] if args else None
-        if func in _COMPARISONS and _integer_comparison(args) and x.dim() == 1:
-            self._set(self._compared, func, out, _Positions(weakref.ref(x), x._version, _COMPARISONS[func](args[1])))
-        elif func in _COLUMNS:
+        if func in ops.COMPARISONS and _integer_comparison(args) and x.dim() == 1:
+            self._set(self._compared, func, out, _Positions(weakref.ref(x), x._version, ops.COMPARISONS[func](args[1])))
+        elif func in ops.COLUMNS:
             self._columns(func, args, out)
         elif func == aten.index.Tensor:
             self._select(func, args, out)
-        elif (func in _ZEROS or func in _FILLS) and count == 0:  # nothing set yet
+        elif (func in ops.ZEROS or func in ops.FILLS) and count == 0:  # nothing set yet
             self._set(self._pieces, func, out, ())
-        elif func in _INDEX_PUTS:
+        elif func in ops.INDEX_PUTS:
             self._set(self._pieces, func, out, self._put(args))
-        elif func in _UNIONS:
+        elif func in ops.UNIONS:
             pieces = [self._get(self._pieces, t) for t in args[:2]]
             self._set(self._pieces, func, out, None if None in pieces else pieces[0] + pieces[1])
         elif func == aten.cat.default:
             parts = [self._get(self._parts, t) for t in args[0]]
             self._set(self._parts, func, out, None if None in parts else sum(parts, ()))
-        if func in _COPIES and isinstance(out, torch.Tensor):
+        if func in ops.COPIES and isinstance(out, torch.Tensor):
             self._set(self._parts, func, out, self._get(self._parts, x))
             if tuple(out.shape) == tuple(x.shape):  # the same positions
                 for facts in (self._points, self._pieces):

@@ -31,6 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from graphmem._torch_api import OP_ERRORS, hint_of, is_fake, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.job.spec import ROUTINGS
 from graphmem.job.values import UNINITIALISED
+from graphmem.trace.rules import ops
 
 __all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT", "spread"]
 
@@ -38,18 +39,11 @@ SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of 
 # uniform draws in [0, 1): a model that reads one decides at random (LayerDrop skips a layer
 # when torch.rand() < its rate); graphmem answers with the largest value, the same every run,
 # so every layer that could be skipped runs: the worst case
-_UNIFORM = frozenset({torch.ops.aten.rand, torch.ops.aten.rand_like})
-RANDOM_DRAW = "a random draw"  # the source of the shadows of _UNIFORM's outputs
+RANDOM_DRAW = "a random draw"  # the source of the shadows of ops.UNIFORM_DRAWS' outputs
 # checks for NaN and inf (``assert x.isnan().sum() == 0``): a run that trains or infers has none,
 # so each answers as on finite values, whatever ``x`` is.  torch.isfinite is no single op (its
 # abs, ne, eq, mul run): the tracer marks its output with finite_check itself
-_FINITE_CHECKS = {torch.ops.aten.isnan: False, torch.ops.aten.isinf: False, torch.ops.aten.isposinf: False,
-                  torch.ops.aten.isneginf: False}
-FINITE = "finite values"  # the source of the shadows of _FINITE_CHECKS' outputs
-# choices made from values no shadow knows (an MoE router's torch.topk / argmax of its scores):
-# their indices are taken as --assume routing=uneven|balanced spreads them (Shadows.choose)
-_CHOICES = frozenset({torch.ops.aten.topk.default, torch.ops.aten.argmax.default, torch.ops.aten.argmin.default,
-                      torch.ops.aten.max.dim, torch.ops.aten.min.dim})
+FINITE = "finite values"  # the source of the shadows of ops.FINITE_CHECKS' outputs
 BUILT = "values computed when built"  # the source of buffers' shadows (graphmem.job.values)
 TARGETS = "targets made by graphmem"  # a detection model's targets (graphmem.trace.values.targets; noted there)
 PREDICTED_BOXES = "predicted boxes covering the image"  # an R-CNN's boxes, read in inference (trace.targets)
@@ -127,10 +121,10 @@ class Shadows:
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         unknown = any(self.get(t) is None for t in tensors)
-        if unknown and func.overloadpacket in _FINITE_CHECKS and isinstance(out, torch.Tensor):
-            self.finite_check(out, _FINITE_CHECKS[func.overloadpacket])
+        if unknown and func.overloadpacket in ops.FINITE_CHECKS and isinstance(out, torch.Tensor):
+            self.finite_check(out, ops.FINITE_CHECKS[func.overloadpacket])
             return
-        if unknown and func in _CHOICES and tensors[0].is_floating_point():  # its one tensor is unknown
+        if unknown and func in ops.CHOICES and tensors[0].is_floating_point():  # its one tensor is unknown
             self.choose(func, args, kwargs, out)
             return
         if unknown:
@@ -139,7 +133,7 @@ class Shadows:
         # uninitialised memory is unknown in a real run too (FSDP2's all-gather buffers, then written by collectives)
         if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in UNINITIALISED:
             return
-        if func.overloadpacket in _UNIFORM and isinstance(out, torch.Tensor) and out.is_floating_point():
+        if func.overloadpacket in ops.UNIFORM_DRAWS and isinstance(out, torch.Tensor) and out.is_floating_point():
             self._draw(out, 0.0, 1.0)
             return
         try:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import graphmem
-from graphmem.trace.rules.registry import ArgMeta, register, rules_for, scratch_bytes
+from graphmem.trace.rules.registry import ArgMeta, RuleKind, register, rules_for, scratch_bytes
 
 aten = torch.ops.aten
 
@@ -26,6 +26,20 @@ def test_register_rejects_duplicates_naming_both() -> None:
         @register(aten.bmm.default, device="test-dup")
         def second(args: Any, kwargs: Any) -> int:
             return 0
+
+
+def test_one_rule_registers_for_a_list_of_ops() -> None:
+    @register([aten.mm.default, aten.bmm.default], device="test-list", kind=RuleKind.SCRATCH)
+    def workspace(args: Any, kwargs: Any) -> int:
+        return 64
+
+    table = rules_for("test-list")
+    assert table.scratch[aten.mm.default] is workspace and table.scratch[aten.bmm.default] is workspace
+
+
+def test_register_rejects_an_unknown_kind_listing_the_kinds() -> None:
+    with pytest.raises(ValueError, match="scratch.*value_kernel"):
+        register(aten.mm.default, device="test-kind", kind="workspace")
 
 
 def test_rules_take_plain_tuples() -> None:
