@@ -31,6 +31,7 @@ def _fsdp_shard_bytes(model: torch.nn.Module, world_size: int) -> int:
                for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_same_configuration_twice_gives_identical_per_rank_peaks() -> None:
     # FSDP2 on the small GPT: all-gathers, reduce-scatters and resized storages in every iteration
     config = dict(strategy="fsdp", units=("Block",), optimizer="adam", loss="cross_entropy")
@@ -58,6 +59,7 @@ def test_ddp_start_is_parameters_plus_buckets_plus_inputs() -> None:
 @pytest.mark.parametrize("build, sizes", [("tests.models:MLP", (1000, 500, 100)),
                                           ("tests.dist_oracles:uneven_mlp", (999, 501, 99))],
                          ids=["even", "padded"])
+@pytest.mark.slow
 def test_fsdp_start_is_padded_dim0_shards_plus_inputs(build: str, sizes: tuple[int, ...]) -> None:
     shards = _fsdp_shard_bytes(MLP(sizes), 2)
     input_bytes = 8 * sizes[0] * 4

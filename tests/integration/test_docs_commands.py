@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +20,17 @@ DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers
 _TEMPLATES = ("$", "path/to/", "train.py:")
 # options naming a file the command writes: written to the test's temporary folder, not the checkout
 _FILE_OPTIONS = ("--html", "--output", "--timeline", "--dot", "--snapshot")
+# the preset commands over 10 s here: an 8B model's base quantized, a sweep of seven lengths, a 70B model generating
+_SLOW = ("--quantize-base", "--sweep ", "--preset llama-3-70b")
+
+
+def _slow(command: str) -> bool:
+    return "--preset " in command and any(s in command for s in _SLOW)
+
+
+def _marked(cases: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Each (doc, command, ...) as a parameter, marked slow where ``_slow`` says so."""
+    return [pytest.param(*case, marks=[pytest.mark.slow] if _slow(case[1]) else []) for case in cases]
 
 
 def _blocks(path: str, kind: str) -> list[str]:
@@ -67,14 +80,14 @@ def _expected_exit(lines: list[str]) -> int:
     return next((int(line.split()[1]) for line in lines if line.startswith("exit ")), 0)
 
 
-@pytest.mark.parametrize("doc, command", _commands(), ids=lambda v: v if v.endswith(".md") else v[9:60])
+@pytest.mark.parametrize("doc, command", _marked(_commands()), ids=lambda v: v if v.endswith(".md") else v[9:60])
 def test_documented_command_runs(doc: str, command: str, tmp_path: Path) -> None:
     code, out = _run(command, tmp_path)
     allowed = (0, 1) if command.split()[1] in ("check", "max-batch", "max-seq") else (0,)
     assert code in allowed, f"{doc}: {command}\n{out}"
 
 
-@pytest.mark.parametrize("doc, command, lines", _shown_outputs(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize("doc, command, lines", _marked(_shown_outputs()), ids=lambda v: str(v)[:40])
 def test_documented_output_is_what_the_command_prints(doc: str, command: str, lines: list[str],
                                                       tmp_path: Path) -> None:
     code, out = _run(command, tmp_path)

@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test takes the runs fixture: all its commands, ~20-40 s, for the first
+
 GRAPHMEM = [sys.executable, "-m", "graphmem"]
 
 MODELS = """

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.slow  # a real run per rank, in processes: 6 to 33 s
 def test_every_rank_matches_real_execution(case: ParallelCase) -> None:
     measured = measure_distributed(**case.oracle_keywords())
     report = graphmem.analyze(**case.graphmem_keywords())

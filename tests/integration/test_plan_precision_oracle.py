@@ -121,6 +121,7 @@ def test_master_weights_hold_what_mixed_precision_holds() -> None:
     assert row.peak_bytes > params * (2 + 4 + 8)
 
 
+@pytest.mark.slow
 def test_offload_row_is_the_device_side_of_the_step() -> None:
     """The row analyses forward and backward with the gradients handed off at the step
     (optimizer "none"): on CPU that analysis equals a real run with a hand-off optimizer; on

@@ -27,7 +27,8 @@ from tests.conftest import ROOT
 from tests.models import ZOO
 
 
-@pytest.mark.parametrize("mode, name, spec", [("train", "gpt", "4x16:int64"), ("inference", "mlp", "8x1000")])
+@pytest.mark.parametrize("mode, name, spec", [pytest.param("train", "gpt", "4x16:int64", marks=pytest.mark.slow),
+                                              ("inference", "mlp", "8x1000")])
 def test_worker_processes_make_the_same_plan(monkeypatch: pytest.MonkeyPatch, mode: str, name: str,
                                              spec: str) -> None:
     model = next(m for m in ZOO if m.name == name)
@@ -64,6 +65,7 @@ ZERO_CASES = [dict(optimizer="adamw"), dict(optimizer="adam", optimizer_impl="fo
 
 @pytest.mark.parametrize("keywords, processes", [*((k, "2") for k in ZERO_CASES), (ZERO_CASES[0], "1")],
                          ids=[*(",".join(f"{a}={b}" for a, b in k.items()) for k in ZERO_CASES), "one at a time"])
+@pytest.mark.slow
 def test_zero_ranks_from_one_beginning_are_each_ranks_own_recording(monkeypatch: pytest.MonkeyPatch,
                                                                     keywords: dict[str, object],
                                                                     processes: str) -> None:
@@ -107,6 +109,7 @@ def _descendants(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="reads child processes from /proc")
+@pytest.mark.slow
 def test_ctrl_c_stops_the_workers() -> None:
     env = {**os.environ, "GRAPHMEM_PROCESSES": "2"}
     process = subprocess.Popen([sys.executable, "-m", "graphmem", "plan", "examples/gpt.py:GPT", "--input",

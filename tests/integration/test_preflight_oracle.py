@@ -114,7 +114,8 @@ def build_simplenet() -> nn.Module:
 
 # --- max-batch ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, template", [("mlp", "Bx1000"), ("simplenet", "Bx1x28x28"), ("gpt", "Bx16:int64")])
+@pytest.mark.parametrize("name, template", [("mlp", "Bx1000"), ("simplenet", "Bx1x28x28"),
+                                            pytest.param("gpt", "Bx16:int64", marks=pytest.mark.slow)])
 def test_max_batch_fits_for_real_at_n_and_not_at_n_plus_1(name: str, template: str) -> None:
     model = MODELS[name]
     at = {b: _measure_train(model, [template.replace("B", str(b))]) for b in (9, 10)}
@@ -146,7 +147,8 @@ def _plan(name: str, spec: str, mode: str, share: float) -> tuple[Plan, int]:
 @pytest.mark.parametrize("name, spec, mode, share, kinds, combined", [
     ("mlp", "32x1000", "train", 0.6, {"batch", "amp", "optimizer", "grad_accum", "dtype"}, False),
     # 45%: no remedy fits alone, so the plan combines them (SGD + bf16 + checkpointing, ...)
-    ("gpt", "4x16:int64", "train", 0.45, {"batch", "amp", "optimizer", "grad_accum", "checkpoint"}, True),
+    pytest.param("gpt", "4x16:int64", "train", 0.45, {"batch", "amp", "optimizer", "grad_accum", "checkpoint"}, True,
+                 marks=pytest.mark.slow),
     ("mlp", "32x1000", "inference", 0.6, {"batch", "amp", "dtype"}, False),
 ])
 def test_every_executed_plan_row_matches_real_execution(name: str, spec: str, mode: str, share: float,

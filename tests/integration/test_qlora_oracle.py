@@ -221,6 +221,7 @@ def test_the_cuda_target_counts_the_dequantized_weight_of_each_4bit_matmul() -> 
     assert scratch == {hidden * hidden * 2, kv * hidden * 2, inner * hidden * 2}
 
 
+@pytest.mark.slow
 def test_plan_offers_qlora_for_a_lora_job_and_its_row_matches_real_execution(checkpoint: Path) -> None:
     from fractions import Fraction
 

@@ -184,6 +184,7 @@ NET = ["models.py:Net", "-i", "2x4"]
 CHECK = ["check", "--budget", "1GiB"]
 
 
+# every test that takes it is marked slow: the first pays for all its commands (~40 s here)
 @pytest.fixture(scope="module")
 def runs(work: Path) -> dict[str, Run]:
     """The independent runs, two at a time."""
@@ -239,12 +240,14 @@ def _clean_failure(run: Run, code: int, fragment: str) -> None:
 
 # --- the exit-code table, row by row ----------------------------------------------------------
 
+@pytest.mark.slow  # the runs fixture
 def test_0_fits_and_1_does_not(runs: dict[str, Run]) -> None:
     assert runs["fits_json"].code == 0 and json.loads(runs["fits_json"].out)["fits"] is True, runs["fits_json"]
     assert runs["does_not_fit"].code == 1 and "DOES NOT FIT" in runs["does_not_fit"].out, runs["does_not_fit"]
     assert runs["max_batch_none_fits"].code == 1, runs["max_batch_none_fits"]
 
 
+@pytest.mark.slow  # the runs fixture
 def test_2_bad_target(runs: dict[str, Run]) -> None:
     run = runs["bad_target_json"]
     _clean_failure(run, 2, "has no attribute 'Missing'")
@@ -252,6 +255,7 @@ def test_2_bad_target(runs: dict[str, Run]) -> None:
     assert error["kind"] == "usage" and "has no attribute 'Missing'" in str(error["message"])
 
 
+@pytest.mark.slow  # the runs fixture
 def test_3_analysis_failed_and_3_internal_error(runs: dict[str, Run]) -> None:
     analysis = _error(runs["analysis_json"])
     assert runs["analysis_json"].code == 3 and analysis["kind"] == "analysis"
@@ -262,6 +266,7 @@ def test_3_analysis_failed_and_3_internal_error(runs: dict[str, Run]) -> None:
     assert "Traceback" not in runs["internal_json"].err
 
 
+@pytest.mark.slow  # the runs fixture
 def test_130_interrupt_swallowed_inside_del_is_still_honoured(runs: dict[str, Run]) -> None:
     run = runs["interrupt_swallowed_json"]
     assert "Exception ignored" not in run.err  # the handler raises nothing inside __del__ ...
@@ -299,6 +304,7 @@ def _interrupted_check(work: Path, delay: float) -> tuple[float, int, str, str]:
     return delay, process.returncode, out, started + err
 
 
+@pytest.mark.slow
 def test_130_sigint_at_random_moments_during_check(work: Path) -> None:
     seed = random.randrange(10**6)
     delays = [round(random.Random(seed + i).uniform(0.0, 1.2), 3) for i in range(20)]  # recording takes longer
@@ -330,6 +336,7 @@ def test_130_at_once_where_the_models_code_has_no_safe_point(work: Path) -> None
 
 @pytest.mark.parametrize("option, fault", [("--output", "missing"), ("--dot", "read_only"), ("--snapshot", "missing"),
                                            ("--timeline", "read_only"), ("--output", "directory")])
+@pytest.mark.slow  # the runs fixture
 def test_unwritable_output_paths_are_refused_before_the_analysis(runs: dict[str, Run], work: Path, option: str,
                                                                  fault: str) -> None:
     run = runs[f"{option}_{fault}"]
@@ -340,6 +347,7 @@ def test_unwritable_output_paths_are_refused_before_the_analysis(runs: dict[str,
     assert os.listdir(work / "ok") == []  # the other outputs of the run were not written either
 
 
+@pytest.mark.slow  # the runs fixture
 def test_a_failing_picture_leaves_none_of_the_outputs(runs: dict[str, Run], work: Path) -> None:
     run = runs["picture_fails"]
     assert run.code == 3 and "dot: simulated failure" in run.err, run
@@ -348,6 +356,7 @@ def test_a_failing_picture_leaves_none_of_the_outputs(runs: dict[str, Run], work
 
 # --- the user's code --------------------------------------------------------------------------
 
+@pytest.mark.slow  # the runs fixture
 def test_prints_of_the_users_code_go_to_stderr(runs: dict[str, Run]) -> None:
     for name in ("fits_json", "does_not_fit"):
         run = runs[name]
@@ -358,6 +367,7 @@ def test_prints_of_the_users_code_go_to_stderr(runs: dict[str, Run]) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.slow  # the runs fixture
 def test_cuda_calls_in_init(runs: dict[str, Run], device: str) -> None:
     run = runs[f"cuda_in_init_{device}"]
     assert run.code == 0 and "FITS" in run.out, run
@@ -370,11 +380,13 @@ def _tracer_wraps_the_step() -> bool:
 @pytest.mark.xfail(not _tracer_wraps_the_step(), strict=True,
                    reason="issue 13 part 5, trace side: graphmem/trace/recording.py must run the step under "
                           "graphmem.job.devices.cuda_calls_on_cpu")
+@pytest.mark.slow  # the runs fixture
 def test_cuda_calls_in_forward(runs: dict[str, Run]) -> None:
     run = runs["cuda_in_forward_cuda"]
     assert run.code == 0 and "FITS" in run.out, run
 
 
+@pytest.mark.slow  # the runs fixture
 def test_exit_or_argparse_at_import_or_construction_is_a_usage_error(runs: dict[str, Run]) -> None:
     _clean_failure(runs["exits_at_import_json"], 2, "exits.py:Net exited during import: SystemExit(0)")
     assert _error(runs["exits_at_import_json"])["kind"] == "usage"
@@ -384,5 +396,6 @@ def test_exit_or_argparse_at_import_or_construction_is_a_usage_error(runs: dict[
     assert runs["fits_json"].code == 0, runs["fits_json"]
 
 
+@pytest.mark.slow  # the runs fixture
 def test_exit_during_the_step_is_an_analysis_failure(runs: dict[str, Run]) -> None:
     _clean_failure(runs["exits_in_forward"], 3, "exited during the analysis")

@@ -134,7 +134,11 @@ def _same_reports(fast: Any, whole: Any) -> None:
         assert replace(a, trace=None) == replace(b, trace=None)
 
 
-@pytest.mark.parametrize("name, build, inputs, keywords, packages", CASES, ids=[c[0] for c in CASES])
+SLOW = {"gpt2"}  # cases over 10 s here
+
+
+@pytest.mark.parametrize("name, build, inputs, keywords, packages",
+                         [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW else []) for c in CASES])
 def test_repeated_blocks_give_the_whole_recording(monkeypatch: pytest.MonkeyPatch, name: str, build: Any,
                                                   inputs: list[str], keywords: dict[str, Any],
                                                   packages: tuple[str, ...]) -> None:

@@ -45,6 +45,7 @@ def test_hf_trainer_script(tmp_path: Path) -> None:
     _equal(PROGRAMS / "hf_trainer.py", [str(tmp_path / "out")])
 
 
+@pytest.mark.slow
 def test_nanogpt_style_script(tmp_path: Path) -> None:
     """A numpy memmap of tokens, from_numpy batches, weight tying, SDPA, an evaluation before
     training, gradient accumulation, clipping, a GradScaler, torch.compile, checkpoint saves."""
@@ -157,6 +158,7 @@ def test_the_peak_and_each_top_tensor_name_the_programs_line() -> None:
     assert made["gradients"] == "loss.backward()" and made["parameters"].startswith("model = nn.Sequential(")
 
 
+@pytest.mark.slow  # waits out --timeout 10
 def test_a_program_that_never_steps_is_stopped_by_timeout_naming_its_line() -> None:
     """--timeout: exit 3, and the error names the program's line it was running."""
     import subprocess

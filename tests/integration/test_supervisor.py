@@ -153,6 +153,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 CHECK = ["check", "--budget", "1GiB", "-i", "2x64", "--format", "json"]
 
 
+# every test that takes it is marked slow: the first pays for all its commands (~30 s here)
 @pytest.fixture(scope="module")
 def runs(work: Path) -> dict[str, Run]:
     """The independent runs, two at a time."""
@@ -183,6 +184,7 @@ def _error(run: Run) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("name", ["exit0_at_import", "exit0_in_init", "exit0_in_forward", "exit1_in_forward"])
+@pytest.mark.slow  # the runs fixture
 def test_the_models_code_cannot_choose_the_exit_code(runs: dict[str, Run], name: str) -> None:
     run = runs[name]
     assert run.code == 3, run
@@ -193,6 +195,7 @@ def test_the_models_code_cannot_choose_the_exit_code(runs: dict[str, Run], name:
     _clean(run)
 
 
+@pytest.mark.slow  # the runs fixture
 def test_a_thread_the_model_leaves_running_neither_keeps_the_command_alive_nor_writes_stdout(
         runs: dict[str, Run]) -> None:
     run = runs["thread"]
@@ -201,12 +204,14 @@ def test_a_thread_the_model_leaves_running_neither_keeps_the_command_alive_nor_w
     _clean(run)
 
 
+@pytest.mark.slow  # the runs fixture
 def test_the_models_code_cannot_wait_on_the_terminal(runs: dict[str, Run]) -> None:
     run = runs["stdin"]
     assert run.code in (2, 3) and "EOF" in run.err, run  # stdin is /dev/null: input() fails at once
     _clean(run)
 
 
+@pytest.mark.slow  # the runs fixture
 def test_timeout_ends_the_command_naming_where_it_was(runs: dict[str, Run]) -> None:
     run = runs["timeout"]
     assert run.code == 3, run
@@ -287,6 +292,7 @@ def _ended_as_item_3_says(delay: float, signum: int, run: Run) -> bool:
     return ended and run.seconds < 2.5 and not run.left and not run.temp
 
 
+@pytest.mark.slow
 def test_signals_at_random_moments_end_every_command_cleanly() -> None:
     """20 trials per command, 5 of them in the first second, the rest within the first 4 s
     (start-up takes about 3, the commands a few more): most land in the recording."""

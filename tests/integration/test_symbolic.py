@@ -93,6 +93,7 @@ def build_gpt2() -> nn.Module:
     (build_llama, ["input_ids=2xS:int64"]),
     (build_gpt2, ["input_ids=Bx16:int64", "labels=Bx16:int64"]),
 ], ids=["llama-batch", "llama-sequence", "gpt2-batch-labels"])
+@pytest.mark.slow
 def test_language_models_one_recording(build: Any, template: list[str]) -> None:
     """A causal LM trained on its input ids (labels made from them), its causal mask, rotary
     positions and padded labels: one recording holds for every batch and sequence length."""
@@ -145,7 +146,8 @@ def _old_search(job: Any, cap: int) -> tuple[int, dict[int, int]]:
 
 @pytest.mark.parametrize("build, template, loss, fraction", [
     (next(m for m in ZOO if m.name == "mlp").build, "Bx1000", "sum", 3),
-    (next(m for m in ZOO if m.name == "gpt").build, "Bx16:int64", "cross_entropy", 3),
+    pytest.param(next(m for m in ZOO if m.name == "gpt").build, "Bx16:int64", "cross_entropy", 3,
+                 marks=pytest.mark.slow),
     (next(m for m in ZOO if m.name == "simplenet").build, "Bx1x28x28", "nll", 9),
     (Branchy, "Bx64", "sum", 2),
 ], ids=["mlp", "gpt", "simplenet", "branchy"])

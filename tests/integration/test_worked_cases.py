@@ -122,6 +122,7 @@ _SLOW = pytest.mark.skipif(os.environ.get("GRAPHMEM_WORKED_CASES") != "1",
 @pytest.mark.parametrize("case", [pytest.param(LLAMA_7B, marks=[_SLOW, HF]), pytest.param(LLAMA_70B, marks=[_SLOW, HF]),
                                   RESNET],
                          ids=lambda c: c.name)
+@pytest.mark.slow
 def test_the_whole_plan_prints_what_the_docs_show(case: WorkedCase) -> None:
     """The plan run as documented: every line the docs show is printed, and its top row is the
     one named here (the CNN's, half a minute, in CI: fp16 autocast, as NVIDIA's ResNet-50 recipe
@@ -156,6 +157,7 @@ def checkpointed_llama() -> Any:
 @HF
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                     reason="torch.distributed with gloo is not available")
+@pytest.mark.slow
 def test_fsdp_with_checkpointed_layers_matches_real_ranks() -> None:
     from tests.dist_oracles import measure_distributed
 

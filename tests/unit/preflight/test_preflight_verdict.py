@@ -144,6 +144,7 @@ def test_the_header_and_the_json_carry_every_option(command: str, spec: str) -> 
 
 # --- 3. plan analyses the job given -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_plan_without_a_world_size_has_no_sharding_rows_and_says_so() -> None:
     args = ["plan", MLP, "--input", "32x1000", "--budget", "8MiB"]
     code, text = _run(*args)
@@ -159,6 +160,7 @@ def test_plan_without_a_world_size_has_no_sharding_rows_and_says_so() -> None:
     assert "--world-size 2" in _run(*args, "--world-size", "2")[1]
 
 
+@pytest.mark.slow
 def test_a_parallel_job_gets_only_rows_that_shard_more_over_its_own_gpus() -> None:
     args = ["plan", SMALL_MLP, "--input", "8x1000", "--optimizer", "adam", "--budget", "1MiB"]
     ddp = _json(*args, "--parallel", "ddp=2")

@@ -51,6 +51,7 @@ _GRID = list(itertools.product((1, 7, 33), (1, 3, 16), (1, 24, 100, 256), (1, 20
 
 @onednn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.slow
 def test_workspace_matches_the_kernel_over_a_grid(dtype: torch.dtype) -> None:
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU runs no bf16 oneDNN LSTM")
