@@ -6,7 +6,7 @@ op's own limit: ``nonzero`` keeps at most every element of its input, a mask sel
 all of them, ``unique`` finds at most as many distinct values as elements.  The recorder
 records the op at that size, or at a declared fraction of it (``--assume nonzero=0.5``), and
 says so in the report: the peak is then an upper bound (memory grows with these sizes).
-Output layouts were checked against the real CPU kernels (tests/unit/test_bounds.py).
+Output layouts were checked against the real CPU kernels (tests/unit/trace/rules/test_bounds.py).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def grouped_mm_output(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ArgMe
     stride rounded up to 16 bytes (not on ROCm).  Here the same checks, in the same order, with
     the same messages, and the same output.  The kernels' check that the data pointers are
     16-byte aligned has no fake counterpart: fake tensors have no address.  Checked against
-    the real CPU kernel in tests/unit/test_grouped_mm.py."""
+    the real CPU kernel in tests/unit/trace/rules/test_grouped_mm.py."""
     mat_a, mat_b, offs, bias, out_dtype = _arguments(args, kwargs)
     for name, mat in (("mat_a", mat_a), ("mat_b", mat_b)):
         if mat.dtype not in _ACCEPTED:

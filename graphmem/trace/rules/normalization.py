@@ -19,7 +19,7 @@ def batch_norm_mixed_type_stats(args: tuple[Any, ...], kwargs: Mapping[str, Any]
     returns save_mean and save_invstd in the weight's dtype; FakeTensor's decomposition
     returns them in the input's.  Source: aten/src/ATen/native/Normalization.cpp
     (batch_norm_cpu: is_mixed_type -> the parameters' dtype for the saved statistics);
-    checked against a real CPU run in tests/unit/test_rules.py."""
+    checked against a real CPU run in tests/unit/trace/rules/test_rules.py."""
     x, weight = args[0], args[1]
     if isinstance(weight, ArgMeta) and x.dtype in _LOW and weight.dtype not in _LOW:
         return {1: weight.dtype, 2: weight.dtype}
@@ -43,7 +43,7 @@ def layer_norm_backward_contiguous(args: tuple[Any, ...], kwargs: Mapping[str, A
     ``empty_like(*X, ..., LEGACY_CONTIGUOUS_MEMORY_FORMAT)``); the meta kernel keeps the input's
     strides.  A transposed input (PVTv2's spatial-reduction attention) then got a transposed
     gradient that the next op copied in the recording and not in the real run.  Checked against
-    the real CPU kernel in tests/unit/test_rules.py."""
+    the real CPU kernel in tests/unit/trace/rules/test_rules.py."""
     names = ("grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask")
     given = dict(zip(names, args, strict=False)) | dict(kwargs)
     x, weight, bias, mask = given["input"], given["weight"], given["bias"], given["output_mask"]

@@ -47,7 +47,7 @@ def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: i
         diff states (c)      S H 4
 
     Checked to the byte against the real kernel (torch 2.13, oneDNN 3.12) over a grid of
-    sizes in fp32 and bf16 in tests/unit/test_rnn_workspace.py; fp16 takes oneDNN only on
+    sizes in fp32 and bf16 in tests/unit/trace/rules/test_rnn_workspace.py; fp16 takes oneDNN only on
     CPUs with AVX512-FP16 and follows the bf16 formula, not measured here.
     """
     states = 2 * (seq + 1) * batch
