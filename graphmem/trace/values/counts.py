@@ -111,7 +111,11 @@ class NonzeroCounts:
             if before is None or any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
                 return None
             shapes = [tuple(hint_of(d) for d in i.shape) for i in indices if i is not None]
-            return before + math.prod(torch.broadcast_shapes(*shapes)) if shapes else None
+            if not shapes:
+                return None
+            # each index sets the whole of the dimensions it leaves out: mask[rows] = 1 sets rows x columns
+            whole = [hint_of(d) for k, d in enumerate(args[0].shape) if k >= len(indices) or indices[k] is None]
+            return before + math.prod(torch.broadcast_shapes(*shapes)) * math.prod(whole)
         if func in ops.UNIONS:
             counts = [self.most(t) for t in args[:2]]
             return None if None in counts else sum(c for c in counts if c is not None)
@@ -204,7 +208,7 @@ class NonzeroCounts:
     def _put(self, args: tuple[Any, ...]) -> tuple[tuple[int, _Positions], ...] | None:
         """The pieces of a mask after ``mask[i] = v``, where ``i`` are known positions."""
         before, indices = self._get(self._pieces, args[0]), args[1]
-        if before is None or len(indices) != 1 or indices[0] is None:
+        if before is None or len(indices) != 1 or indices[0] is None or args[0].dim() != 1:
             return None
         where = self._get(self._points, indices[0])
         return None if where is None else (*before, (hint_of(indices[0].numel()), where))

@@ -4,7 +4,6 @@ the fake ones: no op runs, each count is derived by hand beside it."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.autograd.graph import increment_version
 
@@ -50,13 +49,14 @@ def test_a_count_carries_through_views_and_a_comparison_with_zero() -> None:
     assert counts.most(compared) is None  # != 1 holds where the mask is 0: up to its size
 
 
-@pytest.mark.xfail(strict=True, reason="counts.py counts index entries, not the elements each sets: "
-                                       "mask[rows] = 1 on a 2-D mask is taken to set 4 elements")
 def test_setting_whole_rows_of_a_mask_counts_every_element_of_them() -> None:
     counts, mask, picked = NonzeroCounts(), _t(6, 5), _t(6, 5)
     counts.propagate(aten.zeros_like.default, (mask,), {}, mask)
     counts.propagate(aten.index_put.default, (mask, [_t(4, dtype=torch.int64)], _t()), {}, picked)
     assert counts.most(picked) == 20  # mask[i] = 1 with i 4 row numbers sets 4 rows of 5
+    column = _t(6, 5)
+    counts.propagate(aten.index_put.default, (mask, [None, _t(3, dtype=torch.int64)], _t()), {}, column)
+    assert counts.most(column) == 18  # mask[:, j] = 1 with j 3 column numbers sets 3 columns of 6
 
 
 def test_what_is_not_followed_has_no_count() -> None:
