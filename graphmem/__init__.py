@@ -13,9 +13,10 @@ else may change between releases.
 
 from __future__ import annotations
 
-import importlib
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from graphmem._lazy import lazy_exports
 
 # torch warns at import when NumPy is missing; graphmem never uses NumPy through torch.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -34,7 +35,6 @@ _WHERE = {
     "graphmem.job": ("InputSpec", "Job", "StepConfig", "make_job", "parse_input_spec"),
     "graphmem.memory.results": ("Category", "Lifetime", "MemoryReport", "ModeReport", "PeakInfo", "PhasePeak"),
 }
-_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
 if TYPE_CHECKING:
     from graphmem.api import PeakCurve, analyze, analyze_curve, run_program
@@ -42,11 +42,4 @@ if TYPE_CHECKING:
     from graphmem.job import InputSpec, Job, StepConfig, make_job, parse_input_spec
     from graphmem.memory.results import Category, Lifetime, MemoryReport, ModeReport, PeakInfo, PhasePeak
 
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'graphmem' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(globals(), _WHERE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._refs
@@ -22,11 +22,21 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
     unset_fake_temporarily,
 )
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, guarding_hint_or_throw
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
+
+# torch.fx.experimental.symbolic_shapes (and with it sympy, 0.6 s) is imported where a size may
+# be a symbol, not at import: a recording with concrete sizes never needs it.
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+else:
+    def ShapeEnv(*args: Any, **kwargs: Any) -> Any:
+        """torch's ``ShapeEnv(...)``, its module imported on the first call."""
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv as shape_env
+
+        return shape_env(*args, **kwargs)
 
 __all__ = [
     "data_loading_in_process",
@@ -102,6 +112,7 @@ def size_symbol(mode: FakeTensorMode, name: str, hint: int) -> torch.SymInt:
     env = mode.shape_env
     assert env is not None and hint >= 2, "size_symbol: a symbolic mode and a hint >= 2"
     from torch._dynamo.source import ConstantSource  # here, not at import: torch._dynamo takes ~1 s to import
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
 
     source = ConstantSource(f"graphmem_{name}")
     expr = env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
@@ -115,7 +126,11 @@ def size_symbol(mode: FakeTensorMode, name: str, hint: int) -> torch.SymInt:
 
 def hint_of(value: Any) -> int:
     """The value a size has while recording, without adding a guard (an int stays itself)."""
-    return int(guarding_hint_or_throw(value)) if isinstance(value, torch.SymInt) else int(value)
+    if not isinstance(value, torch.SymInt):
+        return int(value)
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw  # loaded: a SymInt exists
+
+    return int(guarding_hint_or_throw(value))
 
 
 def expr_of(value: Any) -> Any:

@@ -13,43 +13,87 @@ import contextlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from graphmem.api import analyze, run_program
+from graphmem._lazy import lazy_exports
 from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
 from graphmem.cli.group import main
-from graphmem.cli.options import ParsedType, job_from, job_options, output_options
+from graphmem.cli.options import GraphmemCommand, ParsedType, job_from, job_options, output_options
 from graphmem.cli.process import print_result, raise_if_interrupted, user_output_to_stderr
 from graphmem.cuda.gpus import GPUS, get_gpu
 from graphmem.errors import UserInputError
-from graphmem.job.job import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES, Job
-from graphmem.job.program import make_program
-from graphmem.job.spec import input_symbol, parse_sweep
-from graphmem.memory.results import MemoryReport
+from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES
+from graphmem.job.grammar import input_symbol, parse_sweep
 from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
-from graphmem.preflight.check import PREFLIGHT_MODES, search_largest, sweep
-from graphmem.preflight.plan import make_plan
-from graphmem.preflight.verdict import check, judge
-from graphmem.report import COLLAPSE_CHOICES, RENDERERS, check_output_path, write_files
-from graphmem.report.files import StagedFiles, staged_files
-from graphmem.report.header import Setup, setup_of
-from graphmem.report.html import check_html_path, render_html
-from graphmem.report.plan_table import PLAN_RENDERERS
-from graphmem.report.preflight_text import (
-    CHECK_RENDERERS,
-    SEARCH_RENDERERS,
-    SWEEP_RENDERERS,
-    Context,
-    check_to_dict,
-    render_verdict,
-)
+from graphmem.report.formats import COLLAPSE_CHOICES, RENDERER_NAMES
+from graphmem.report.paths import check_html_path, check_output_path
+
+if TYPE_CHECKING:
+    from graphmem.api import analyze, run_program
+    from graphmem.job.job import Job
+    from graphmem.job.program import make_program
+    from graphmem.memory.results import MemoryReport
+    from graphmem.preflight.check import search_largest, sweep
+    from graphmem.preflight.plan import make_plan
+    from graphmem.preflight.verdict import check, judge
+    from graphmem.report import RENDERERS, write_files
+    from graphmem.report.files import StagedFiles, staged_files
+    from graphmem.report.header import Setup, setup_of
+    from graphmem.report.html import render_html
+    from graphmem.report.plan_table import PLAN_RENDERERS
+    from graphmem.report.preflight_text import (
+        CHECK_RENDERERS,
+        SEARCH_RENDERERS,
+        SWEEP_RENDERERS,
+        Context,
+        check_to_dict,
+        render_verdict,
+    )
 
 __all__ = ["main"]
+
+# The analysis, and torch with it, is imported once a command has a job to do (``_load``), not
+# while the command line is parsed: --help and usage errors never import it.  ``_load`` binds
+# these names here (keeping any already bound, e.g. by a test); ``__getattr__`` serves them to
+# other modules.
+_ANALYSIS = {
+    "graphmem.api": ("analyze", "run_program"),
+    "graphmem.job.program": ("make_program",),
+    "graphmem.preflight.check": ("search_largest", "sweep"),
+    "graphmem.preflight.plan": ("make_plan",),
+    "graphmem.preflight.verdict": ("check", "judge"),
+    "graphmem.report": ("RENDERERS", "write_files"),
+    "graphmem.report.files": ("staged_files",),
+    "graphmem.report.header": ("Setup", "setup_of"),
+    "graphmem.report.html": ("render_html",),
+    "graphmem.report.plan_table": ("PLAN_RENDERERS",),
+    "graphmem.report.preflight_text": ("CHECK_RENDERERS", "SEARCH_RENDERERS", "SWEEP_RENDERERS", "Context",
+                                       "check_to_dict", "render_verdict"),
+}
+__getattr__ = lazy_exports(globals(), _ANALYSIS)
+# the pre-flight commands analyse these modes (graphmem.preflight.check.PREFLIGHT_MODES; a test keeps them equal)
+PREFLIGHT_MODES = ("train", "inference")
+
+
+def _load() -> None:
+    """Import the analysis into this module (see ``_ANALYSIS``)."""
+    for names in _ANALYSIS.values():
+        for name in names:
+            if name not in globals():
+                __getattr__(name)
+
+
+def _job(options: Mapping[str, Any]) -> Job:
+    """The Job the options describe (``job_from``: a job they leave undescribed is refused before
+    anything heavy is imported), with the analysis loaded."""
+    job = job_from(options)
+    _load()
+    return job
 
 
 def _picture(param: Any, path: str | None) -> str | None:
@@ -107,9 +151,9 @@ def _distinct(**paths: str | None) -> None:
         seen[key] = option
 
 
-@main.command("analyze")
+@main.command("analyze", cls=GraphmemCommand)
 @job_options(ANALYSIS_MODES, "both")
-@output_options(list(RENDERERS))
+@output_options(list(RENDERER_NAMES))
 @click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
               help="Levels of the module tree in the per-module table, the JSON and the --dot module graph.")
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
@@ -148,7 +192,7 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
                        options)
         return
     with _analysis(debug):
-        job = job_from(options)
+        job = _job(options)
         report = analyze(job)
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup_of(job))
 
@@ -176,7 +220,8 @@ def _budget_options(command: Any) -> Any:
                              "Default: all of --gpu's memory.")(command)
 
 
-@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command("run", cls=GraphmemCommand,
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", default=None,
               help="Run a module as `python -m MODULE ARGS` does (PROGRAM is then its first argument).")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
@@ -200,7 +245,7 @@ def _budget_options(command: Any) -> Any:
               help="On the GPU: attention backend; auto is PyTorch's own choice for the GPU and dtype.")
 @click.option("--alloc-conf", default=None, metavar="TEXT",
               help="On the GPU: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).")
-@output_options(list(RENDERERS))
+@output_options(list(RENDERER_NAMES))
 @click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
               help="Levels of the module tree in the per-module table and the JSON.")
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
@@ -245,6 +290,7 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
             raise UserInputError(f"--gpu {gpu} is a GPU and --device cpu the CPU: give one of them")
         gpu = gpu or (DEFAULT_GPU if device == "cuda" else None)
         limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
+        _load()
         chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes)
 
@@ -281,10 +327,10 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
         if files:
             raise UserInputError(f"{', '.join(files)} draw one analysis; --sweep makes one per value: drop one "
                                  "or the other")
-        if fmt not in SWEEP_RENDERERS:
-            raise UserInputError(f"--sweep prints a table or JSON; got --format {fmt}")
         letter, values = parse_sweep(text)
-        job = job_from(options)
+        job = _job(options)
+        if fmt not in SWEEP_RENDERERS:  # a --format of analyze's that sweeps do not print
+            raise UserInputError(f"--sweep prints a table or JSON; got --format {fmt}")
         inputs = job.with_preset().inputs
         symbol = input_symbol(inputs)
         if symbol != letter:
@@ -306,7 +352,7 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
 
 def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fraction) -> tuple[Job, Any, Context]:
     """The Job, the budget and the header's context, from a pre-flight command's options."""
-    job = job_from(options)
+    job = _job(options)
     gpu = get_gpu(options["gpu"]) if options["gpu"] else None
     shown = job.with_preset()
     mode = f"generation {job.generate.prompt}+{job.generate.new} x {job.generate.batch}" if job.generate else job.mode
@@ -315,7 +361,7 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
     return job, resolve_budget(budget, gpu, margin), context
 
 
-@main.command("check")
+@main.command("check", cls=GraphmemCommand)
 @job_options(PREFLIGHT_MODES, "train")
 @output_options(["table", "json"])
 @_budget_options
@@ -335,7 +381,7 @@ def check_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units
     click.get_current_context().exit(SUCCESS if result.fits else DOES_NOT_FIT)
 
 
-@main.command("max-batch")
+@main.command("max-batch", cls=GraphmemCommand)
 @job_options(PREFLIGHT_MODES, "train")
 @output_options(["table", "json"])
 @_budget_options
@@ -359,7 +405,7 @@ def max_batch_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, u
 main.add_command(max_batch_command, name="max-seq")
 
 
-@main.command("plan")
+@main.command("plan", cls=GraphmemCommand)
 @job_options(PREFLIGHT_MODES, "train")
 @output_options(["table", "json"])
 @_budget_options

@@ -17,7 +17,7 @@ from graphmem.cli.process import GraphmemGroup
 
 __all__ = ["FIRST_PARAGRAPH", "main"]
 
-# each command's help, its first paragraph (tests/unit/test_cli_startup.py keeps it each command's own)
+# each command's help, its first paragraph (tests/unit/cli/test_cli_startup.py keeps it each command's own)
 FIRST_PARAGRAPH = {
     "analyze": "Analyse TARGET (pkg.module:Attr or path/file.py:Attr): peaks of inference and training.",
     "check": "Will TARGET fit the budget? Exit 0: the predicted peak with --margin fits (on a GPU: the caching "

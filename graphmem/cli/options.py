@@ -4,33 +4,55 @@
 is analysed (model, preset, config, inputs, the training step, device and GPU); ``job_from``
 turns their values into a ``graphmem.job.Job``.  ``output_options`` adds --format, --units,
 --output and --debug.
+
+Parsing imports no torch: the choices and parsers come from modules that import none
+(job.choices, job.grammar, job.lora_spec, report.formats, report.paths), so --help and usage
+errors are printed at once.  What does need torch, the user's code or an optional package
+(importing TARGET, finding peft for --lora) is done by ``GraphmemCommand`` once click has
+parsed every other parameter, still as a usage error of that parameter.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from gettext import ngettext
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from graphmem.cli.process import set_progress, user_output_to_stderr
 from graphmem.cuda.gpus import GPUS
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
-from graphmem.job.finetune import QUANTIZED_BASES, LoraSpec, parse_lora
-from graphmem.job.job import DEFAULT_GPU, DEVICES, SDPA_CHOICES, Job, make_job
-from graphmem.job.load import ModelSource, load_hf_config, resolve_target
-from graphmem.job.presets import PRESETS
-from graphmem.job.spec import MODEL_DTYPES, parse_assumption, validate_inputs
-from graphmem.job.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS
+from graphmem.job.choices import (
+    AMP_CHOICES,
+    DEFAULT_GPU,
+    DEVICES,
+    LOSSES,
+    MODEL_DTYPES,
+    OPTIMIZER_CHOICES,
+    OPTIMIZER_IMPLS,
+    PRESET_NAMES,
+    QUANTIZED_BASES,
+    SDPA_CHOICES,
+)
+from graphmem.job.grammar import validate_inputs
+from graphmem.job.lora_spec import LoraSpec, read_lora, require_peft
 from graphmem.report import UNIT_CHOICES
-from graphmem.report.files import check_destination
+from graphmem.report.paths import check_destination
 from graphmem.units import parse_duration
 
-__all__ = ["JOB_OPTION_NAMES", "JsonObjectType", "ParsedType", "job_from", "job_options", "output_options"]
+if TYPE_CHECKING:
+    from graphmem.job.job import Job
+    from graphmem.job.load import ModelSource
+
+__all__ = ["JOB_OPTION_NAMES", "GraphmemCommand", "JsonObjectType", "ParsedType", "job_from", "job_options",
+           "output_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_THEN = "graphmem.then"  # ctx.meta: the (parameter, value) pairs whose ``then`` is still to run
 
 
 class ParsedType(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
@@ -40,18 +62,55 @@ class ParsedType(click.ParamType):  # type: ignore[type-arg]  # generic only in 
         name: the metavar shown in --help.
         parse: str -> value, raising UserInputError.
         done: values of this type are already parsed (click may convert defaults twice).
+        then: value -> value, raising UserInputError: the part that needs torch, the user's
+            code or an optional package, run by ``GraphmemCommand`` once every other
+            parameter is parsed.
     """
 
-    def __init__(self, name: str, parse: Callable[[str], Any], done: type | tuple[type, ...] = ()) -> None:
-        self.name, self.parse, self.done = name, parse, done
+    def __init__(self, name: str, parse: Callable[[str], Any], done: type | tuple[type, ...] = (),
+                 then: Callable[[Any], Any] | None = None) -> None:
+        self.name, self.parse, self.done, self.then = name, parse, done, then
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
         if self.done and isinstance(value, self.done):
             return value
         try:
-            return self.parse(value)
+            parsed = self.parse(value)
         except UserInputError as exc:
             self.fail(str(exc), param, ctx)
+        if self.then is not None and ctx is not None:
+            ctx.meta.setdefault(_THEN, []).append((param, parsed))
+        elif self.then is not None:
+            parsed = self.then(parsed)
+        return parsed
+
+
+class GraphmemCommand(click.Command):
+    """A command whose ParsedType values are finished (``then``) once click has parsed every
+    parameter: a usage error that needs no torch is shown before anything heavy is imported.
+
+    The arguments (TARGET) are the last parameters click converts, after every option given;
+    the defaults it converts after them cannot fail.  So the errors come in click's order, but
+    for its check of unexpected extra arguments, which it makes last and so is made here after
+    the ``then`` steps, as it was after TARGET's import."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        allowed, ctx.allow_extra_args = ctx.allow_extra_args, True
+        try:
+            rest = super().parse_args(ctx, args)
+        finally:
+            ctx.allow_extra_args = allowed
+        for param, value in ctx.meta.pop(_THEN, []):
+            if ctx.resilient_parsing:  # shell completion: nothing is imported
+                continue
+            try:
+                ctx.params[str(param.name)] = param.type.then(value)
+            except UserInputError as exc:
+                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        if rest and not allowed and not ctx.resilient_parsing:  # click's own words (click.core.Command.parse_args)
+            ctx.fail(ngettext("Got unexpected extra argument ({args})", "Got unexpected extra arguments ({args})",
+                              len(rest)).format(args=" ".join(map(str, rest))))
+        return rest
 
 
 class JsonObjectType(click.ParamType):  # type: ignore[type-arg]
@@ -83,8 +142,16 @@ def _excerpt(text: str, limit: int = 80) -> str:
 
 def _import_target(text: str) -> tuple[str, ModelSource]:
     """(the text, what it names), imported with the module's prints going to stderr."""
+    from graphmem.job.load import resolve_target
+
     with user_output_to_stderr():
         return text, resolve_target(text)
+
+
+def _with_peft(lora: LoraSpec) -> LoraSpec:
+    """``lora``, once peft is found installed (UserInputError naming the extra otherwise)."""
+    require_peft()
+    return lora
 
 
 def _destination(param: Any, path: str | None) -> str | None:
@@ -109,8 +176,8 @@ def _spec_text(value: str) -> str:
     return str(value)
 
 
-# pkg.module:Attr or path/file.py:Attr -> (the text, the imported class, factory or module)
-TargetType = lambda: ParsedType("TARGET", _import_target, tuple)
+# pkg.module:Attr or path/file.py:Attr -> (the text, the imported class, factory or module), imported last
+TargetType = lambda: ParsedType("TARGET", str, tuple, then=_import_target)
 # [NAME=]DIMS[:DTYPE] where one dimension may be a capital letter (Bx1000) -> the text
 SpecTextType = lambda: ParsedType("[NAME=]DIMS[:DTYPE]", _spec_text)
 
@@ -119,7 +186,7 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
     """TARGET and the job options, in --help order."""
     return [
         click.Argument(["target"], type=TargetType(), required=False),
-        click.Option(["--preset"], type=click.Choice(list(PRESETS)), default=None,
+        click.Option(["--preset"], type=click.Choice(list(PRESET_NAMES)), default=None,
                      help="A well-known transformers model by its published config (no download); TARGET "
                           "may then be omitted."),
         click.Option(["--hf-config"], type=click.Path(dir_okay=False), default=None,
@@ -160,7 +227,7 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      help="JSON object of extra optimizer arguments, e.g. '{\"lr\": 0.01, \"amsgrad\": true}'."),
         click.Option(["--optimizer-impl"], type=click.Choice(list(OPTIMIZER_IMPLS)), default="auto",
                      show_default=True, help="auto: what PyTorch picks for the target device (for-loop on CPU)."),
-        click.Option(["--amp"], type=click.Choice(list(AMP_DTYPES)), default=None,
+        click.Option(["--amp"], type=click.Choice(list(AMP_CHOICES)), default=None,
                      help="Mixed precision: torch.autocast around forward and loss; fp16 adds a GradScaler."),
         click.Option(["--checkpoint", "checkpoint_classes"], default="", metavar="CLASS[,CLASS]",
                      help="What-if: run every module of these classes under non-reentrant activation "
@@ -180,7 +247,8 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      help="Fine-tuning: parameters whose names match do not train, e.g. 'model.embed_tokens.*' "
                           "or 'model.layers.[0-3].*' (a module's name matches all of its parameters); "
                           "all-but:GLOB freezes every other one. Repeatable."),
-        click.Option(["--lora"], type=ParsedType("r=N,alpha=A,target=M[,M]", parse_lora, LoraSpec), default=None,
+        click.Option(["--lora"], type=ParsedType("r=N,alpha=A,target=M[,M]", read_lora, LoraSpec, then=_with_peft),
+                     default=None,
                      help="Fine-tuning with peft's LoRA: adapters of rank r on the target modules train, the "
                           "rest is frozen, e.g. r=16,alpha=32,target=q_proj,v_proj[,dropout=0.05] "
                           "(target=all-linear: every linear layer). Needs pip install 'graphmem[lora]'."),
@@ -280,7 +348,20 @@ def output_options(formats: Sequence[str]) -> Callable[[F], F]:
 
 
 def job_from(options: Mapping[str, Any]) -> Job:
-    """The Job the job options describe (``options``: the command's keyword arguments)."""
+    """The Job the job options describe (``options``: the command's keyword arguments).
+
+    With every job option but --input at its default (``graphmem analyze`` alone), make_job's
+    first check, of the inputs, is made before the job modules (and torch) are imported: its
+    refusal (no input given, two capital letters) comes at once.
+    """
+    context = click.get_current_context(silent=True)
+    if context is not None and all(context.get_parameter_source(name) is ParameterSource.DEFAULT
+                                   for name in JOB_OPTION_NAMES if name != "inputs"):
+        validate_inputs(options["inputs"], symbolic=None)  # make_job's first check of such a job
+    from graphmem.job.job import make_job
+    from graphmem.job.load import load_hf_config
+    from graphmem.job.spec import parse_assumption
+
     target: tuple[str, ModelSource] | None = options["target"]
     hf_config = load_hf_config(options["hf_config"], options["hf_config_kwargs"])
     name, source = target if target else (options["preset"] or _config_name(options["hf_config"], hf_config), None)

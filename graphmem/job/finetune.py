@@ -11,12 +11,10 @@ Knows nothing of tracing or reports.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import logging
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -25,49 +23,16 @@ import torch
 from torch import nn
 
 from graphmem.errors import UserInputError
+from graphmem.job.choices import QUANTIZED_BASES
+from graphmem.job.lora_spec import LORA_KEYS, LoraSpec, read_lora
+from graphmem.job.lora_spec import quiet_logger as _quiet_logger
+from graphmem.job.lora_spec import require_peft as _require_peft
 
 __all__ = ["ALL_BUT", "LORA_KEYS", "QUANTIZED_BASES", "LoraSpec", "TrainedParameters", "count_trained",
            "parse_freeze", "parse_lora", "parse_quantize_base", "prepare_finetuning"]
 
 ALL_BUT = "all-but:"  # --freeze all-but:PATTERN freezes every parameter the pattern does not match
-LORA_KEYS = ("r", "alpha", "target", "dropout")
-_PEFT_HINT = "pip install 'graphmem[lora]'"
 _QLORA_HINT = "pip install 'graphmem[qlora]'"
-# --quantize-base: the base weights as transformers loads them, kind -> its BitsAndBytesConfig
-# (4-bit: the compute dtype is the job's dtype; int8: LLM.int8 with its defaults, threshold 6.0)
-QUANTIZED_BASES: dict[str, dict[str, Any]] = {
-    "nf4": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
-    "nf4-dq": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True},
-    "fp4": {"load_in_4bit": True, "bnb_4bit_quant_type": "fp4"},
-    "int8": {"load_in_8bit": True},
-}
-
-
-@dataclass(frozen=True, slots=True)
-class LoraSpec:
-    """peft's ``LoraConfig(r, lora_alpha, target_modules, lora_dropout)``; checked when built.
-
-    ``targets``: module names as peft matches them (a name or its last parts, ``q_proj``), or
-    ``("all-linear",)``.  ``alpha`` (peft's ``lora_alpha``, an integer) defaults to peft's default, 8.
-    """
-
-    r: int
-    targets: tuple[str, ...]
-    alpha: int = 8
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
-            raise UserInputError(f"--lora r={self.r!r}: expected a positive integer such as r=16")
-        if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
-            raise UserInputError("--lora needs target=MODULE[,MODULE], e.g. target=q_proj,v_proj (or all-linear)")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int) or self.alpha < 1:
-            raise UserInputError(f"--lora alpha={self.alpha!r}: expected a positive integer such as alpha=32")
-        if not 0 <= self.dropout < 1:
-            raise UserInputError(f"--lora dropout={self.dropout!r}: expected a number from 0 to below 1")
-
-    def __str__(self) -> str:
-        return f"LoRA r={self.r} on {', '.join(self.targets)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,58 +45,16 @@ class TrainedParameters:
 
 
 def parse_lora(text: str | LoraSpec) -> LoraSpec:
-    """``"r=16,alpha=32,target=q_proj,v_proj,dropout=0.05"`` -> LoraSpec.
+    """``"r=16,alpha=32,target=q_proj,v_proj,dropout=0.05"`` -> LoraSpec (``read_lora``).
 
-    A part without ``=`` adds one more target (``target=q_proj,v_proj``).  peft must be
-    installed, so that a run without it fails here, before anything is built.
+    peft must be installed, so that a run without it fails here, before anything is built.
 
     Raises:
         UserInputError: an unknown key, a bad value, no target, or peft missing.
     """
-    if isinstance(text, LoraSpec):
-        _require_peft()
-        return text
-    values: dict[str, list[str]] = {}
-    key = None
-    for part in (p.strip() for p in str(text).split(",")):
-        name, eq, value = part.partition("=")
-        if eq:
-            key = name.strip()
-            if key not in LORA_KEYS:
-                raise UserInputError(f"--lora {text!r}: unknown key {key!r}; expected: {', '.join(LORA_KEYS)} "
-                                     "(e.g. r=16,alpha=32,target=q_proj,v_proj)")
-            values[key] = [value.strip()]
-        elif part and key == "target":
-            values[key].append(part)
-        elif part:
-            raise UserInputError(f"--lora {text!r}: {part!r} is not KEY=VALUE; expected "
-                                 "r=16,alpha=32,target=q_proj,v_proj[,dropout=0.05]")
-    spec = LoraSpec(r=_number(values, "r", int, None), targets=tuple(t for t in values.get("target", []) if t),
-                    alpha=_number(values, "alpha", int, 8), dropout=_number(values, "dropout", float, 0.0))
+    spec = text if isinstance(text, LoraSpec) else read_lora(text)
     _require_peft()
     return spec
-
-
-def _number(values: dict[str, list[str]], key: str, kind: type, default: Any) -> Any:
-    if key not in values:
-        if default is None:
-            raise UserInputError(f"--lora needs {key}=N, e.g. r=16,alpha=32,target=q_proj,v_proj")
-        return default
-    text = values[key][0]
-    try:
-        return kind(text)
-    except ValueError:
-        example = {"r": "a positive integer such as r=16", "alpha": "a positive integer such as alpha=32",
-                   "dropout": "a number such as dropout=0.05"}[key]
-        raise UserInputError(f"--lora {key}={text!r}: expected {example}") from None
-
-
-def _require_peft() -> None:
-    try:
-        with _quiet_logger("bitsandbytes"):  # peft imports it when installed
-            import peft  # noqa: F401
-    except ImportError:
-        raise UserInputError(f"--lora needs the peft package: {_PEFT_HINT}") from None
 
 
 def parse_quantize_base(kind: str | None) -> str | None:
@@ -153,17 +76,6 @@ def parse_quantize_base(kind: str | None) -> str | None:
         except ImportError:
             raise UserInputError(f"--quantize-base needs the {package} package: {_QLORA_HINT}") from None
     return kind
-
-
-@contextlib.contextmanager
-def _quiet_logger(name: str) -> Iterator[None]:
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def parse_freeze(patterns: Sequence[str] | str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from graphmem.cuda.alloc_conf import parse_alloc_conf
 from graphmem.cuda.gpus import get_gpu
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
+from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, DEVICES, SDPA_CHOICES
 from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quantize_base
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
@@ -27,11 +28,6 @@ from graphmem.job.step import StepConfig
 
 __all__ = ["ANALYSIS_MODES", "DEFAULT_GPU", "DEVICES", "SDPA_CHOICES", "Job", "make_job"]
 
-ANALYSIS_MODES = ("both", "train", "inference")
-DEVICES = ("cpu", "cuda")
-DEFAULT_GPU = "h100-80gb"
-# attention backends of the CUDA target: auto is PyTorch's own choice for the GPU and dtype
-SDPA_CHOICES = ("auto", "flash", "efficient", "cudnn", "math")
 _STEP_FIELDS = frozenset(f.name for f in fields(StepConfig))
 
 

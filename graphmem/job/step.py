@@ -11,36 +11,12 @@ from typing import Any
 import torch
 
 from graphmem.errors import UserInputError
+from graphmem.job.choices import LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS, OPTIMIZERS
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 
 __all__ = ["StepConfig", "OPTIMIZERS", "OPTIMIZER_CHOICES", "OPTIMIZER_IMPLS", "LOSSES", "AMP_DTYPES",
            "SAVE_CHOICES", "resolve_optimizer"]
 
-# name -> (torch.optim class name, default kwargs): the real classes with their defaults.
-OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "sgd": ("SGD", {}),
-    "sgd-momentum": ("SGD", {"momentum": 0.9}),
-    "sgd-nesterov": ("SGD", {"momentum": 0.9, "nesterov": True}),
-    "adam": ("Adam", {}),
-    "adamw": ("AdamW", {}),
-    "adam-amsgrad": ("Adam", {"amsgrad": True}),
-    "adamw-amsgrad": ("AdamW", {"amsgrad": True}),
-    "adagrad": ("Adagrad", {}),
-    "adadelta": ("Adadelta", {}),
-    "adamax": ("Adamax", {}),
-    "nadam": ("NAdam", {}),
-    "radam": ("RAdam", {}),
-    "rmsprop": ("RMSprop", {}),
-    "rprop": ("Rprop", {}),
-    "asgd": ("ASGD", {}),
-    **({"adafactor": ("Adafactor", {})} if hasattr(torch.optim, "Adafactor") else {}),
-    "lbfgs": ("LBFGS", {}),
-}
-OPTIMIZER_CHOICES = (*OPTIMIZERS, *FORMULA_OPTIMIZERS, "none")
-# --optimizer-impl: auto lets PyTorch pick for the target device (for-loop on CPU).
-OPTIMIZER_IMPLS = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
-                   "fused": {"fused": True}}
-LOSSES = ("auto", "sum", "mean", "cross_entropy", "nll")
 # --checkpoint-save: the outputs kept by selective activation checkpointing
 SAVE_CHOICES = {
     "matmuls": "every matrix multiply (mm, addmm, bmm, baddbmm)",

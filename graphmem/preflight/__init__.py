@@ -10,11 +10,25 @@ allocator).  Knows nothing of rendering or of the command line.
 
 from __future__ import annotations
 
-from graphmem.preflight.budget import Budget, parse_budget, resolve_budget
-from graphmem.preflight.check import SearchResult, Sweep, search_largest, sweep
-from graphmem.preflight.footprint import Footprint, footprint_of
-from graphmem.preflight.plan import Plan, make_plan
-from graphmem.preflight.verdict import CheckResult, check
+from typing import TYPE_CHECKING
+
+from graphmem._lazy import lazy_exports
 
 __all__ = ["Budget", "CheckResult", "Footprint", "Plan", "SearchResult", "Sweep", "check", "footprint_of",
            "make_plan", "parse_budget", "resolve_budget", "search_largest", "sweep"]
+
+if TYPE_CHECKING:
+    from graphmem.preflight.budget import Budget, parse_budget, resolve_budget
+    from graphmem.preflight.check import SearchResult, Sweep, search_largest, sweep
+    from graphmem.preflight.footprint import Footprint, footprint_of
+    from graphmem.preflight.plan import Plan, make_plan
+    from graphmem.preflight.verdict import CheckResult, check
+
+# imported on first use: ``budget`` (the command line parses --budget with it) loads no torch
+__getattr__ = lazy_exports(globals(), {
+    "graphmem.preflight.budget": ("Budget", "parse_budget", "resolve_budget"),
+    "graphmem.preflight.check": ("SearchResult", "Sweep", "search_largest", "sweep"),
+    "graphmem.preflight.footprint": ("Footprint", "footprint_of"),
+    "graphmem.preflight.plan": ("Plan", "make_plan"),
+    "graphmem.preflight.verdict": ("CheckResult", "check"),
+})

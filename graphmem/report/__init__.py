@@ -4,22 +4,17 @@ Input: a ``MemoryReport`` (and the pre-flight answers).  Output: text, JSON and 
 ``RENDERERS`` maps each ``--format`` name to its function; the pictures (timeline,
 memory_viz snapshot, DOT graph) are written by their own modules.  Never analyses, never
 parses the command line.
+
+The names below are imported on first use: the command line checks its options with
+``formats`` and ``paths`` (output paths), which import no torch, before anything heavy is
+loaded.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from graphmem.memory.results import MemoryReport
-from graphmem.report.dot import COLLAPSE_CHOICES, DOT_FORMATS, write_dot
-from graphmem.report.files import check_output_path, write_files
-from graphmem.report.header import Setup
-from graphmem.report.json import render_json, report_to_dict
-from graphmem.report.modules import ModuleRow, TopTensor, module_rows, top_tensors
-from graphmem.report.series import drawn_mode
-from graphmem.report.snapshot import build_snapshot, write_snapshot
-from graphmem.report.table import render_table
-from graphmem.report.timeline import TIMELINE_FORMATS, write_timeline
+from graphmem._lazy import lazy_exports
 from graphmem.units import UNITS, format_bytes
 
 __all__ = [
@@ -46,19 +41,31 @@ __all__ = [
     "write_timeline",
 ]
 
-
-class Renderer(Protocol):
-    """A ``--format`` renderer: the report, the units of sizes, the module-tree depth, how
-    many top tensors the "where the memory goes" sections show, and the job's settings that
-    change its numbers (shown in the header and the JSON; None: only what the report shows)."""
-
-    def __call__(self, report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
-                 setup: Setup | None = None) -> str: ...
-
-
-RENDERERS: dict[str, Renderer] = {
-    "table": render_table,
-    "json": render_json,
-}
-
 UNIT_CHOICES = ("auto", *UNITS)
+
+if TYPE_CHECKING:
+    from graphmem.report.dot import write_dot
+    from graphmem.report.files import write_files
+    from graphmem.report.formats import COLLAPSE_CHOICES, DOT_FORMATS, TIMELINE_FORMATS
+    from graphmem.report.json import render_json, report_to_dict
+    from graphmem.report.modules import ModuleRow, TopTensor, module_rows, top_tensors
+    from graphmem.report.paths import check_output_path
+    from graphmem.report.renderers import RENDERERS, Renderer
+    from graphmem.report.series import drawn_mode
+    from graphmem.report.snapshot import build_snapshot, write_snapshot
+    from graphmem.report.table import render_table
+    from graphmem.report.timeline import write_timeline
+
+__getattr__ = lazy_exports(globals(), {
+    "graphmem.report.dot": ("write_dot",),
+    "graphmem.report.files": ("write_files",),
+    "graphmem.report.formats": ("COLLAPSE_CHOICES", "DOT_FORMATS", "TIMELINE_FORMATS"),
+    "graphmem.report.json": ("render_json", "report_to_dict"),
+    "graphmem.report.modules": ("ModuleRow", "TopTensor", "module_rows", "top_tensors"),
+    "graphmem.report.paths": ("check_output_path",),
+    "graphmem.report.renderers": ("RENDERERS", "Renderer"),
+    "graphmem.report.series": ("drawn_mode",),
+    "graphmem.report.snapshot": ("build_snapshot", "write_snapshot"),
+    "graphmem.report.table": ("render_table",),
+    "graphmem.report.timeline": ("write_timeline",),
+})

@@ -23,16 +23,19 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
-
-import networkx as nx
-import torch
+from typing import TYPE_CHECKING
 
 from graphmem.errors import UserInputError
 from graphmem.memory.results import ModeReport
 from graphmem.records import Phase, Role, StorageRecord, Trace
+from graphmem.report.formats import COLLAPSE_CHOICES, DOT_FORMATS, require_pydot
 from graphmem.report.modules import cut_module, module_rows, op_module, storage_module
 from graphmem.report.series import live_at
 from graphmem.units import format_bytes
+
+if TYPE_CHECKING:  # networkx (0.1 s) is imported where a graph is built
+    import networkx as nx
+    import torch
 
 __all__ = [
     "AUTO_COLLAPSE_NODES",
@@ -49,9 +52,7 @@ __all__ = [
     "write_dot",
 ]
 
-COLLAPSE_CHOICES = ("auto", "module", "op")
 AUTO_COLLAPSE_NODES = 300  # past this many op-level nodes, "auto" collapses to modules
-DOT_FORMATS = ("dot", "gv", "svg", "png", "pdf")
 # ColorBrewer YlOrRd, 9 classes (colorbrewer2.org): light = few bytes, dark = many
 PALETTE = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c", "#bd0026", "#800026")
 PEAK_COLOUR = "#1f4eb4"
@@ -172,6 +173,8 @@ def _edges(trace: Trace, ids: dict[torch.fx.Node, str]) -> list[tuple[str, str, 
 def op_graph(mode: ModeReport, units: str = "auto") -> nx.DiGraph:
     """The op-level graph (see the module docstring); node ids ``op{i}``, ``in_{name}``,
     ``const_{name}``; edges carry ``kind`` "data" or "saved"."""
+    import networkx as nx
+
     trace = mode.trace
     graph = nx.DiGraph(**_GRAPH_ATTRS)
     _op_nodes(graph, mode, units)
@@ -218,6 +221,8 @@ def module_graph(mode: ModeReport, depth: int = 2, units: str = "auto") -> nx.Mu
     """The op graph collapsed to modules cut at ``depth``: one node per module (its ops,
     parameter bytes, bytes its ops allocate, its bytes at the peak as in the per-module
     table), one edge per (from module, to module, kind), solid for data, dashed for saved."""
+    import networkx as nx
+
     ops = op_graph(mode, units)
     group = _groups(ops, mode, depth)
     rows = {r.module: r for r in module_rows(mode, depth)}
@@ -277,15 +282,6 @@ def to_dot(graph: nx.DiGraph, title: str = "") -> str:
     legend = str(graph.graph.get("legend", ""))
     dot.set_label(f"{title}\\n{legend}" if title else legend)
     return str(dot.to_string())
-
-
-def require_pydot() -> None:
-    """Raise UserInputError naming the extra when pydot is not installed."""
-    try:
-        import pydot  # noqa: F401
-    except ImportError as exc:
-        raise UserInputError("--dot needs pydot, which is not installed; install it with: "
-                             "pip install 'graphmem[viz]'") from exc
 
 
 def render_graphviz(dot_text: str, fmt: str) -> bytes:

@@ -22,23 +22,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from html import escape
-from pathlib import Path
 
 from graphmem.cuda.gpus import nvidia_smi_estimate
-from graphmem.errors import UserInputError
 from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.preflight.budget import Budget
-from graphmem.report.files import check_destination
+from graphmem.report.formats import HTML_SUFFIXES
 from graphmem.report.header import render_header
 from graphmem.report.modules import ROOT, ModuleRow, module_rows
 from graphmem.report.parallel_section import rank_rows
+from graphmem.report.paths import check_html_path
 from graphmem.report.series import bucket_peaks, phase_spans
 from graphmem.report.timeline import COLOURS, PHASE_SHADES, STACK_ORDER
 from graphmem.units import UNITS, format_bytes
 
 __all__ = ["HTML_SUFFIXES", "MAX_POINTS", "check_html_path", "decimate", "render_html"]
 
-HTML_SUFFIXES = (".html", ".htm")
 MAX_POINTS = 2000
 Format = Callable[[int], str]
 # the timeline picture's phase colours, and the two phases of --generate
@@ -63,16 +61,6 @@ tr.total td { font-weight: 600; border-top: 2px solid #999; }
 svg { width: 100%; height: auto; display: block; } svg text { font-size: 12px; fill: #333; }
 p.note { color: #555; font-size: 0.9em; }
 """
-
-
-def check_html_path(path: str) -> str:
-    """``path`` when it ends in .html or .htm and a file can be written there; else
-    UserInputError naming what was expected (the CLI calls this before analysing)."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in HTML_SUFFIXES:
-        raise UserInputError(f"html file {path!r}: unknown file type {suffix or '(none)'}; "
-                             f"expected a file ending in {', '.join(HTML_SUFFIXES)}")
-    return check_destination(path)
 
 
 def decimate(values: Sequence[int], max_points: int = MAX_POINTS) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphmem.errors import UserInputError
 from graphmem.memory.results import Category, ModeReport
+from graphmem.report.formats import TIMELINE_FORMATS, require_matplotlib
 from graphmem.report.modules import ROOT, op_module
 from graphmem.report.series import Column, PhaseSpan, category_timelines, column_peaks, phase_spans
 from graphmem.units import UNITS, format_bytes
@@ -38,7 +39,6 @@ __all__ = [
     "write_timeline",
 ]
 
-TIMELINE_FORMATS = ("svg", "png", "html")
 MAX_POINTS = 3000  # at most this many columns, however wide the plot
 DPI = 110  # pixels per inch of the figure and of the PNG
 # bottom to top: what stays for the whole step first, what comes and goes on top
@@ -50,15 +50,6 @@ COLOURS = {Category.PARAMETER: "#4c72b0", Category.BUFFER: "#8172b3", Category.I
            Category.COMMUNICATION: "#64b5cd"}
 _MARKER_SIZE = 9  # points
 PHASE_SHADES = {"forward": "#e3eefa", "loss": "#f1e4f5", "backward": "#fdeadb", "optimizer": "#e6f4e1"}
-
-
-def require_matplotlib() -> None:
-    """Raise UserInputError naming the extra when matplotlib is not installed."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        raise UserInputError("--timeline needs matplotlib, which is not installed; "
-                             "install it with: pip install 'graphmem[viz]'") from exc
 
 
 def timeline_figure(mode: ModeReport, title: str, units: str = "auto") -> Figure:
