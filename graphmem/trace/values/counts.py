@@ -115,7 +115,7 @@ class NonzeroCounts:
                 return None
             # each index sets the whole of the dimensions it leaves out: mask[rows] = 1 sets rows x columns
             whole = [hint_of(d) for k, d in enumerate(args[0].shape) if k >= len(indices) or indices[k] is None]
-            return before + math.prod(torch.broadcast_shapes(*shapes)) * math.prod(whole)
+            return before + int(math.prod(torch.broadcast_shapes(*shapes))) * math.prod(whole)
         if func in ops.UNIONS:
             counts = [self.most(t) for t in args[:2]]
             return None if None in counts else sum(c for c in counts if c is not None)

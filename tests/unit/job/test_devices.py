@@ -135,3 +135,24 @@ def test_exit_during_import_or_construction_is_an_error(make_module: Callable[[s
         resolve_target(f"{quits}:Net")
     with pytest.raises(UserInputError, match="ExitsInInit exited during construction: SystemExit\\(0\\)"):
         build_model(resolve_target(f"{cuda_models}:ExitsInInit"))
+
+
+def test_torch_dynamo_first_imported_while_cuda_calls_are_answered_keeps_torchs_own_functions() -> None:
+    """torch._dynamo keeps torch.cuda's functions when first imported (its table of torch
+    functions by name, its CUDA device interface's methods); imported inside (as a model's code
+    may: any dispatch mode's first call imports it), it must keep torch's own functions, not the
+    answers that stood in for them (a fresh interpreter: the import must be the first)."""
+    import subprocess
+
+    script = ("import torch\n"
+              "from graphmem.job.devices import cuda_calls_on_cpu\n"
+              "original = torch.cuda.current_device\n"
+              "with cuda_calls_on_cpu('cuda'):\n"
+              "    answer = torch.cuda.current_device\n"
+              "    import torch._dynamo\n"
+              "from torch._dynamo import device_interface, trace_rules\n"
+              "table = trace_rules.get_torch_obj_rule_map()\n"
+              "kept = device_interface.CudaInterface.current_device\n"
+              "print(original is not answer, original in table, answer in table, kept is original)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "True", "False", "True"], done.stderr
