@@ -38,6 +38,17 @@ def test_program_keeping_its_own_tensors() -> None:
     _equal(PROGRAMS / "own_tensors.py", ["--batch-size", "8"], steps=3)
 
 
+def test_memory_that_depends_on_the_programs_own_data() -> None:
+    """Batches cut to their longest sequence (``int(mask.sum(-1).max())``) and the tokens that
+    are not padding picked by a boolean mask: the sizes come from the program's data, which
+    graphmem run computes for real (a DataLoader's seed too): each step's peak differs, and
+    equals the real run's, with no value taken as 0."""
+    _equal(PROGRAMS / "real_data.py", [], steps=3)
+    report = run_program(str(PROGRAMS / "real_data.py"), [], steps=3).train
+    assert report is not None and not any("taken as 0" in note for note in report.assumptions)
+    assert len(set(report.iteration_peaks)) == 3
+
+
 def test_hf_trainer_script(tmp_path: Path) -> None:
     """transformers' Trainer (loss only kept, logits freed before backward), max_steps=2."""
     pytest.importorskip("accelerate")

@@ -170,6 +170,8 @@ class Recorder(TorchDispatchMode):
             return self.answers.answer(func, args, kwargs, exc, self.pending[1])
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.answers.follow(func, args, kwargs, out)
+        elif self.phase == Phase.PROGRAM:  # graphmem run: the program's data code, with the program's values
+            self.answers.follow(func, args, kwargs, out, model=False)
         return out
 
     def _scratch(self, func: Any, args: Any, kwargs: Any) -> Any:

@@ -78,6 +78,7 @@ class Books:
         if p not in self.params:
             self.params[p] = name
             self.recorder.mark(p, Role.PARAMETER, name, owner=name)
+            self.recorder.answers.shadows.forget(p)  # its optimizer updates it: values no shadow follows
 
     @property
     def by_hand(self) -> bool:
@@ -312,7 +313,9 @@ def hooks(books: Books) -> Iterator[None]:
                  (torch.optim.Optimizer, "__init__", optimizer_made),
                  (torch, "compile", _eager_compile), (nn.Module, "_apply", _applying(nn.Module._apply, recorder))), \
             torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), fakes_take_foreach_paths():
-        handles = [nn.modules.module.register_module_forward_pre_hook(books.forward_pre),
+        handles = [nn.modules.module.register_module_parameter_registration_hook(
+                       lambda module, name, p: recorder.answers.shadows.forget(p) if p is not None else None),
+                   nn.modules.module.register_module_forward_pre_hook(books.forward_pre),
                    nn.modules.module.register_module_forward_hook(books.forward_post, always_call=True),
                    register_optimizer_step_pre_hook(books.step_pre),
                    register_optimizer_step_post_hook(books.step_post)]

@@ -96,6 +96,7 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     recorder = Recorder(rules_for("cuda" if gpu else "cpu"), Assumptions(reads=0), held=frozenset(),
                         read_note="the program read a value of a tensor, taken as 0", where=program_line)
     recorder.phase = Phase.PROGRAM
+    recorder.answers.shadows.real_limit = None  # the program's own data is its own value, whatever its size
     books = Books(recorder, program.steps)
     fake_mode = recording_fake_mode()
     stopped, exited = False, None

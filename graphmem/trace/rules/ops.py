@@ -16,8 +16,8 @@ import torch
 from graphmem._torch_api import OpOverload
 
 __all__ = ["ATTENTION", "CHOICES", "COLUMNS", "COMPARISONS", "COPIES", "FILLS", "FINITE_CHECKS", "INDEX_PUTS", "LIFTS",
-           "MATMULS", "NONZERO", "READ", "REPEAT_BY_VALUES", "SAME_ELEMENTS", "SIZE_QUERIES", "SUM", "UNIFORM_DRAWS",
-           "UNIONS", "ZEROS"]
+           "MATMULS", "NONZERO", "OVERWRITES", "READ", "REPEAT_BY_VALUES", "SAME_ELEMENTS", "SIZE_QUERIES", "SUM",
+           "UNIFORM_DRAWS", "UNIONS", "ZEROS"]
 
 aten = torch.ops.aten
 
@@ -42,6 +42,10 @@ NONZERO = aten.nonzero.default
 UNIFORM_DRAWS = frozenset({aten.rand, aten.rand_like})
 # checks for NaN and inf (packets) -> the answer on finite values
 FINITE_CHECKS = {aten.isnan: False, aten.isinf: False, aten.isposinf: False, aten.isneginf: False}
+# in-place ops that overwrite every value of their tensor without reading it (packets): its
+# values afterwards are known whatever it held (DataLoader's seed: torch.empty(()).random_())
+OVERWRITES = frozenset({aten.random_, aten.uniform_, aten.normal_, aten.bernoulli_, aten.exponential_,
+                        aten.geometric_, aten.log_normal_, aten.cauchy_, aten.fill_, aten.zero_})
 # choices made from values (an MoE router's torch.topk / argmax of its scores): where no shadow
 # knows the values, their indices are taken as --assume routing=uneven|balanced spreads them
 CHOICES = frozenset({aten.topk.default, aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim})

@@ -68,8 +68,12 @@ class ValueAnswers:
         self._replica_index += 1
         return self._replica[self._replica_index - 1]
 
-    def follow(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        """A forward op ran: carry the known values and mask counts to its outputs."""
+    def follow(self, func: Any, args: Any, kwargs: Any, out: Any, model: bool = True) -> None:
+        """An op of the model's forward or loss (``model``), or of a program's own code, ran:
+        carry the known values (and in the model, mask counts) to its outputs."""
+        if not model:
+            self.shadows.propagate(func, args, kwargs, out, decisions=False)
+            return
         self.shadows.propagate(func, args, kwargs, out)
         self.counts.propagate(func, args, kwargs, out)
         if func == ops.SUM and args[0].dtype == torch.bool and self.shadows.get(out) is None:

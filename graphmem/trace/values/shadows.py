@@ -82,6 +82,10 @@ class Shadows:
         self._shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake tensor -> _Shadow
         self.used: set[str] = set()  # assumptions an answer depended on
         self.routing = "uneven"  # how choices from unknown values are spread (choose)
+        # a real tensor (data the program loaded, a constant) is its own shadow up to this many
+        # elements (None: whatever its size; it is there already, nothing is copied)
+        self.real_limit: int | None = SHADOW_LIMIT
+        self._unfollowed: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensors never given a shadow
 
     def assume(self, fake: torch.Tensor, name: str, kind: str) -> None:
         """Give input ``fake`` (named ``name``) the value ``kind``."""
@@ -108,12 +112,25 @@ class Shadows:
         if not isinstance(t, torch.Tensor):
             return None
         found: _Shadow | None = self._shadows.get(t)
-        if found is None and not is_fake(t) and t.device.type != "meta" and t.numel() <= SHADOW_LIMIT:
+        if found is None and not is_fake(t) and t.device.type != "meta" \
+                and (self.real_limit is None or t.numel() <= self.real_limit):
             found = _Shadow(t, frozenset())
         return found
 
-    def propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        """Run ``func`` on the shadows of its arguments, when they all have one."""
+    def forget(self, t: torch.Tensor) -> None:
+        """``t`` holds values no shadow follows, now and from now on (a parameter: initialised at
+        random, then updated by its optimizer)."""
+        self._shadows.pop(t, None)
+        self._unfollowed[t] = True
+
+    def propagate(self, func: Any, args: Any, kwargs: Any, out: Any, decisions: bool = True) -> None:
+        """Run ``func`` on the shadows of its arguments, when they all have one.  ``decisions``
+        (the model's own code): random draws, NaN checks and choices from unknown values are
+        answered as the module docstring says; else (a program's data code) they are plain ops,
+        known where their arguments are."""
+        if not decisions:
+            self._follow_values(func, args, kwargs, out)
+            return
         if func == torch.ops.aten.uniform_.default and hint_of(args[0].numel()) <= SHADOW_LIMIT:
             self._draw(out, args[1] if len(args) > 1 else kwargs.get("from", 0.0),
                        args[2] if len(args) > 2 else kwargs.get("to", 1.0))
@@ -136,6 +153,28 @@ class Shadows:
         if func.overloadpacket in ops.UNIFORM_DRAWS and isinstance(out, torch.Tensor) and out.is_floating_point():
             self._draw(out, 0.0, 1.0)
             return
+        try:
+            real = self.run(func, args, kwargs)
+        except OP_ERRORS:  # values the real op refuses (none seen): no shadow
+            return
+        self.attach(args, kwargs, out, real)
+
+    def _follow_values(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """The op on real values where every argument is known (a random draw draws for real;
+        an op that overwrites every value of its tensor needs none of them)."""
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        overwritten = func.overloadpacket in ops.OVERWRITES and tensors and tensors[0] is args[0] \
+            and self.get(args[0]) is None and args[0] not in self._unfollowed
+        if any(self.get(t) is None for t in tensors[1 if overwritten else 0:]):
+            self._forget_written(func, args, kwargs)
+            return
+        if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in UNINITIALISED:
+            return
+        if overwritten:  # on fresh memory of the same shape: its old values are not read
+            with unset_fake_temporarily():
+                blank = torch.empty([hint_of(d) for d in args[0].shape], dtype=args[0].dtype)
+            self._shadows[args[0]] = _Shadow(blank, frozenset())
         try:
             real = self.run(func, args, kwargs)
         except OP_ERRORS:  # values the real op refuses (none seen): no shadow
@@ -192,7 +231,8 @@ class Shadows:
         sources = frozenset().union(*(self._of(t).sources for t in tensors)) if tensors else frozenset()
         fakes = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for fake, value in zip(fakes, [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)], strict=False):
-            self._shadows[fake] = _Shadow(value, sources)
+            if fake not in self._unfollowed:
+                self._shadows[fake] = _Shadow(value, sources)
 
     def run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """``func`` on real shadow values (every tensor argument must have a shadow)."""
