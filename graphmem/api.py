@@ -248,7 +248,8 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
     def recording(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int = 0) -> Recording:
         return Recording(inputs=tuple(inputs or specs), mode=m, step=config, device=job.device, dtype=dtype,
-                         rules=built.table, assume=built.assume, parallel=job.parallel, rank=rank)
+                         rules=built.table, assume=built.assume, parallel=job.parallel, rank=rank,
+                         sample=job.sample.by_name if job.sample else {})
 
     def record(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int,
                kernels: CudaKernels | None) -> Trace:

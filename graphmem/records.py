@@ -127,6 +127,9 @@ class Trace:
     kv_cache_bytes: int = 0  # generation: the KV cache at the end
     # recorded with a size as a symbol: the sizes as expressions (graphmem.trace.symbolic)
     sizes: SymbolicSizes | None = None
+    # the inputs whose values graphmem invented (nobody gave them) where a size would have come
+    # from them; those sizes were recorded at their bound instead: the peak is an upper bound
+    unseen_inputs: tuple[str, ...] = ()
 
     @property
     def graph(self) -> torch.fx.Graph:

@@ -199,6 +199,11 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                           "inputs are positional, named ones keyword arguments. Default dtype float32. "
                           "max-batch / max-seq: one dimension is a capital letter to search, e.g. Bx1000 "
                           "or 1xSx64."),
+        click.Option(["--sample"], default=None, metavar="FILE|module:function",
+                     help="The example batch itself, in place of --input: a .pt file (torch.save of a tensor, a "
+                          "list of tensors or a dict of named ones), a .safetensors file, or module:function "
+                          "returning one. Its shapes and dtypes are the inputs; its values are what the model "
+                          "reads where sizes depend on values (graph edges, lengths, masks)."),
         click.Option(["--generate"], default=None, metavar="PROMPT+NEW",
                      help="Inference with a KV cache instead of --mode: the prefill of PROMPT tokens and the "
                           "last of NEW decode steps (causal LMs), e.g. 2048+512. --input is then optional."),
@@ -381,7 +386,8 @@ def job_from(options: Mapping[str, Any]) -> Job:
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
         fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
         microbatches=options["microbatches"], schedule=options["schedule"],
-        freeze=options["freeze"], lora=options["lora"], quantize_base=options["quantize_base"], name=name)
+        freeze=options["freeze"], lora=options["lora"], quantize_base=options["quantize_base"], name=name,
+        sample=options["sample"])
 
 
 def _config_name(path: str | None, config: Mapping[str, Any] | None) -> str | None:

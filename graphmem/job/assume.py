@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from graphmem.errors import UserInputError
 from graphmem.job.spec import KEPT_FRACTION, READ_VALUE, ROUTING
 
-__all__ = ["BOXES", "DEFAULT_BOXES", "Assumptions"]
+__all__ = ["BOXES", "DEFAULT_BOXES", "KNOBS", "Assumptions"]
 
 BOXES = "boxes"  # --assume boxes=N: ground-truth boxes per image a detection model is trained on
 DEFAULT_BOXES = 8
-_KNOBS = frozenset({KEPT_FRACTION, READ_VALUE, ROUTING, BOXES})  # assumptions that are not about one input
+KNOBS = frozenset({KEPT_FRACTION, READ_VALUE, ROUTING, BOXES})  # assumptions that are not about one input
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class Assumptions:
         if boxes < 1:
             raise UserInputError(f"--assume boxes={assume.get(BOXES)}: expected a positive number of ground-truth "
                                  "boxes per image, e.g. boxes=8")
-        return cls(inputs={k: v for k, v in assume.items() if k not in _KNOBS},
+        return cls(inputs={k: v for k, v in assume.items() if k not in KNOBS},
                    kept=float(assume[KEPT_FRACTION]) if KEPT_FRACTION in assume else None,
                    reads=int(assume[READ_VALUE]) if READ_VALUE in assume else None,
                    routing=assume.get(ROUTING, "uneven"), boxes=boxes)

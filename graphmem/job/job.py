@@ -23,6 +23,7 @@ from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quan
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
+from graphmem.job.sample import Sample, read_sample
 from graphmem.job.spec import MODEL_DTYPES, GenerateSpec, InputSpec, parse_dtype, parse_generate, validate_inputs
 from graphmem.job.step import StepConfig
 
@@ -61,6 +62,7 @@ class Job:
         lora: peft's LoRA adapters on the built model; only they train.
         quantize_base: with ``lora``, the base's linear layers quantized as bitsandbytes
             loads them (QLoRA): a graphmem.job.finetune.QUANTIZED_BASES kind.
+        sample: the example batch with its values (graphmem.job.sample); ``inputs`` are its specs.
     """
 
     model: str | ModelSource | None = None
@@ -82,6 +84,7 @@ class Job:
     freeze: tuple[str, ...] = ()
     lora: LoraSpec | None = None
     quantize_base: str | None = None
+    sample: Sample | None = None
 
     def __post_init__(self) -> None:
         self.step.validate()
@@ -180,7 +183,9 @@ def make_job(model: str | ModelSource | None = None,
              parallelize: str | Callable[..., Any] | None = None, microbatches: int | None = None,
              schedule: str = "1f1b", nccl_buffer_mb: float = DEFAULT_NCCL_BUFFER_MB,
              name: str | None = None, freeze: Sequence[str] | str = (), lora: str | LoraSpec | None = None,
-             quantize_base: str | None = None) -> Job:
+             quantize_base: str | None = None,
+             sample: str | Sample | torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None
+             ) -> Job:
     """A Job from the keywords of ``graphmem.analyze`` (see Job for their meaning).
 
     ``device`` None is cuda when ``gpu`` is given, else cpu; ``gpu`` None is DEFAULT_GPU.
@@ -197,7 +202,9 @@ def make_job(model: str | ModelSource | None = None,
     NCCL's own buffers per communicator (graphmem.cuda.nccl).  Fine-tuning: ``freeze``
     (``["model.embed_tokens.*", "model.layers.0.*"]``) or ``lora``
     (``"r=16,alpha=32,target=q_proj,v_proj"``, peft's LoRA; graphmem.job.finetune), with
-    ``quantize_base`` (``"nf4"``) for QLoRA.
+    ``quantize_base`` (``"nf4"``) for QLoRA.  ``sample``: the example batch with its values (a
+    ``.pt`` / ``.safetensors`` file, ``module:function``, or tensors; graphmem.job.sample), in
+    place of ``inputs``.
 
     Raises:
         UserInputError: any invalid value, before anything is imported or traced.
@@ -217,13 +224,19 @@ def make_job(model: str | ModelSource | None = None,
     elif parallelize is not None or tp_plan is not None or microbatches is not None:
         raise UserInputError("--parallelize, --tp-plan and --microbatches need --parallel to describe the mesh, "
                              "e.g. --parallel fsdp=8, tp=2 or pp=4")
+    if sample is not None:
+        if inputs:
+            raise UserInputError("--sample and --input both given: the sample's tensors are the inputs (their "
+                                 "shapes, dtypes and values); give one of them")
+        sample = read_sample(sample)
+        inputs = sample.specs
     return Job(model=model, inputs=_input_texts(inputs), mode=mode, step=step,
                device=device or ("cuda" if gpu else "cpu"),
                dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype, model_kwargs=dict(kwargs or {}),
                hf_config=hf_config, preset=preset, generate=generate, assume=dict(assume or {}),
                gpu=gpu or DEFAULT_GPU, sdpa=sdpa, alloc_conf=alloc_conf, parallel=parallel, name=name,
                freeze=parse_freeze(freeze), lora=parse_lora(lora) if lora is not None else None,
-               quantize_base=parse_quantize_base(quantize_base))
+               quantize_base=parse_quantize_base(quantize_base), sample=sample)
 
 
 def _config_dtype(config: Mapping[str, Any] | None) -> torch.dtype | None:

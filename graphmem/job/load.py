@@ -126,9 +126,25 @@ def resolve_target(target: str) -> ModelSource:
         UserInputError: malformed target, module not importable, attribute missing, or the
             attribute is neither an nn.Module class, a callable, nor an nn.Module instance.
     """
+    obj = import_attribute(target, "target", _TARGET_HINT, _is_model_like)
+    if not _is_model_like(obj):
+        raise UserInputError(f"{target!r} is a {type(obj).__name__}, not an nn.Module: expected an "
+                             "nn.Module subclass, a function returning one, or a module instance")
+    return obj  # type: ignore[no-any-return]
+
+
+def import_attribute(target: str, what: str = "target", hint: str = _TARGET_HINT,
+                     listed: Callable[[Any], bool] = callable) -> Any:
+    """Import ``module:Attr`` (or ``path/file.py:Attr``) as python would import it and return Attr;
+    ``what`` names it in errors, ``hint`` says how to write it, ``listed`` chooses the
+    attributes named when Attr is missing.
+
+    Raises:
+        UserInputError: malformed text, module not importable or exits, attribute missing.
+    """
     module_part, sep, attr_path = target.rpartition(":")
     if not sep or not module_part or not attr_path:
-        raise UserInputError(f"malformed target {target!r}; {_TARGET_HINT}")
+        raise UserInputError(f"malformed {what} {target!r}; {hint}")
     try:
         with _argv(target):
             module = _import_module(module_part)
@@ -147,14 +163,12 @@ def resolve_target(target: str) -> ModelSource:
     obj: Any = module
     for part in attr_path.split("."):
         if not hasattr(obj, part):
-            names = sorted(n for n, v in vars(module).items() if _is_model_like(v))
+            names = sorted(n for n, v in vars(module).items() if listed(v))
+            kinds = "nn.Module classes and callables" if listed is _is_model_like else "callables"
             raise UserInputError(f"module {module_part!r} has no attribute {attr_path!r}; "
-                                 f"nn.Module classes and callables there: {', '.join(names) or 'none'}")
+                                 f"{kinds} there: {', '.join(names) or 'none'}")
         obj = getattr(obj, part)
-    if not _is_model_like(obj):
-        raise UserInputError(f"{target!r} is a {type(obj).__name__}, not an nn.Module: expected an "
-                             "nn.Module subclass, a function returning one, or a module instance")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _is_model_like(obj: Any) -> bool:

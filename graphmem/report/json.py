@@ -44,6 +44,7 @@ def _mode_to_dict(m: ModeReport) -> dict[str, Any]:
                     steady_state_peak_bytes=m.iteration_peaks[-1],
                     flops=m.flops, recompute_flops=m.recompute_flops)
     data["assumptions"] = list(m.assumptions)
+    data["unseen_inputs"] = list(m.trace.unseen_inputs)  # non-empty: the peak is an upper bound
     return data
 
 

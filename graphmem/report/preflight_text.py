@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.report.header import Setup, render_header, setup_to_dict
+from graphmem.report.table import unseen_line
 from graphmem.units import UNITS, format_bytes
 
 if TYPE_CHECKING:
@@ -183,7 +184,8 @@ def render_verdict(result: CheckResult, context: Context, units: str = "auto", h
         body = tabulate([["predicted peak", fmt(result.peak_bytes), "tensor bytes at the peak"],
                          [f"with {float(result.budget.margin):.0%} margin", fmt(result.required_bytes), ""],
                          ["budget", fmt(result.budget.total_bytes), result.budget.source]], tablefmt="plain")
-    return "\n\n".join([body, _verdict(result, fmt, hint)]) + "\n"
+    modes = [m for m in (result.report.inference, result.report.train) if m is not None]
+    return "\n\n".join([body + unseen_line(modes), _verdict(result, fmt, hint)]) + "\n"
 
 
 def render_check_json(result: CheckResult, context: Context, units: str = "auto") -> str:

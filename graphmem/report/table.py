@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tabulate import tabulate
 
@@ -46,7 +46,7 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     summary = [["peak"] + [fmt(m.peak_bytes) for m in modes]]
     if report.ratio is not None:
         summary.append(["train / inference", "", f"{report.ratio:.2f}x"])
-    parts.append(tabulate(summary, headers=head, tablefmt="simple"))
+    parts.append(tabulate(summary, headers=head, tablefmt="simple") + unseen_line(modes))
     rows = [[str(c)] + [fmt(m.breakdown[c]) for m in modes] for c in Category
             if c != Category.COMMUNICATION or any(m.breakdown[c] for m in modes)]
     rows.append(["total"] + [fmt(sum(m.breakdown.values())) for m in modes])
@@ -106,3 +106,13 @@ def _line_of(mode: ModeReport, step: int) -> str:
     """The program's line that ran op ``step`` (graphmem run), or ""."""
     ops = mode.trace.ops
     return ops[step].line if 0 <= step < len(ops) else ""
+
+
+def unseen_line(modes: Sequence[ModeReport]) -> str:
+    """The headline's warning when a peak is an upper bound because sizes depend on input
+    values graphmem invented (nobody gave them): a line under the peaks, or nothing."""
+    names = sorted({name for m in modes for name in m.trace.unseen_inputs})
+    if not names:
+        return ""
+    return (f"\nupper bound: sizes depend on values of {', '.join(names)} that graphmem did not see; "
+            "give them with --sample FILE")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,7 @@ class Recording:
         symbol: (letter, value): the inputs' ``symbolic`` dimensions are recorded as one size
             symbol with that value; the trace's ``sizes`` then give its sizes at any value
             where its guards hold (graphmem.trace.symbolic).
+        sample: the inputs' real values, by name (``--sample``): read where the model reads values.
     """
 
     inputs: tuple[InputSpec, ...]
@@ -89,6 +90,7 @@ class Recording:
     parallel: ParallelSpec | None = None
     rank: int = 0
     symbol: tuple[str, int] | None = None
+    sample: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -141,7 +143,7 @@ def trace_step(model: nn.Module, recording: Recording, *, cuda: CudaKernels | No
             args, kwargs = pipeline.inputs if pipeline else inputs()
             declare_parameters(recorder, parameter_names(inner) if applied else names,
                                applied.buffers if applied else (), values)
-            declare_inputs(recorder, recording.inputs, args, kwargs, recording.assume)
+            declare_inputs(recorder, recording.inputs, args, kwargs, recording.assume, recording.sample)
             if recording.mode == "train":
                 declare_targets(recorder, inner, args, kwargs, fake_mode, target, recording.assume.boxes)
             run = StepRun(mode=recording.mode, model=applied.model if applied else model, inner=inner,
@@ -191,7 +193,8 @@ def _finish(recorder: Recorder, recording: Recording, fake_mode: Any, size: torc
     """The Trace: the recorder's books, frozen, with the notes and (where sizes were a symbol
     and no answer read a value) the sizes as formulas."""
     answers = recorder.answers
-    notes = recorder.assumptions + answers.declared_notes() + describe(answers.shadows.used, recording.assume.inputs)
+    notes = (answers.unseen_note() + recorder.assumptions + answers.declared_notes()
+             + describe(answers.shadows.used, recording.assume.inputs))
     sizes = None
     if size is not None and not answers.shadows.used and not answers.bounded:  # else: values at the hint
         assert recording.symbol is not None, "trace_step: a size symbol was made from recording.symbol"
@@ -200,4 +203,5 @@ def _finish(recorder: Recorder, recording: Recording, fake_mode: Any, size: torc
                               ops=dict(recorder.op_sizes), guards=shape_guards(fake_mode))
     return Trace(mode=recording.mode, fx=recorder.fx.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=recording.step.optimizer if recording.mode == "train" else None,
-                 assumptions=tuple(notes), kv_cache_bytes=kv_bytes, sizes=sizes)
+                 assumptions=tuple(notes), kv_cache_bytes=kv_bytes, sizes=sizes,
+                 unseen_inputs=tuple(sorted(answers.unseen)))

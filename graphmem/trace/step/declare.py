@@ -19,7 +19,7 @@ from graphmem.job.assume import Assumptions
 from graphmem.job.spec import InputSpec
 from graphmem.records import Role
 from graphmem.trace.core.recorder import Recorder
-from graphmem.trace.values.shadows import TARGETS, default_assumption
+from graphmem.trace.values.shadows import SAMPLE, TARGETS, default_assumption
 from graphmem.trace.values.targets import detection_targets
 
 __all__ = ["declare_inputs", "declare_parameters", "declare_targets", "parameter_names"]
@@ -47,8 +47,9 @@ def declare_parameters(recorder: Recorder, names: Mapping[torch.Tensor, tuple[st
 
 
 def declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[Any],
-                   kwargs: dict[str, Any], assume: Assumptions) -> None:
-    """Placeholders, the input role, and the assumed values of integer inputs."""
+                   kwargs: dict[str, Any], assume: Assumptions, sample: Mapping[str, torch.Tensor]) -> None:
+    """Placeholders, the input role, and the values of inputs: the sample's, else the assumed
+    values of integer inputs."""
     names = [s.name or f"input_{i}" for i, s in enumerate(specs)]
     assume.check_names(names)
     positional = iter(args)
@@ -57,7 +58,9 @@ def declare_inputs(recorder: Recorder, specs: Sequence[InputSpec], args: list[An
         recorder.add_placeholder(tensor, name)
         recorder.mark(tensor, Role.INPUT, name)
         kind = assume.inputs.get(name) or default_assumption(name, spec.dtype)
-        if kind:
+        if name in sample:
+            recorder.answers.shadows.built(tensor, sample[name], SAMPLE)
+        elif kind:
             recorder.answers.shadows.assume(tensor, name, kind)
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from graphmem._torch_api import DynamicOutputShapeException, hint_of, tree_map, unset_fake_temporarily
+from graphmem._torch_api import DynamicOutputShapeException, hint_of, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.errors import TraceError
-from graphmem.job.assume import Assumptions
+from graphmem.job.assume import KNOBS, Assumptions
 from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, metas, output_bounds
 from graphmem.trace.values.counts import NonzeroCounts
@@ -53,6 +53,8 @@ class ValueAnswers:
         self.counts = NonzeroCounts()  # masks built from zeros by setting k elements
         self.declared: dict[str, set[str]] = {}  # where a declared value answered (the model's line) -> modules
         self.bounded = False  # a value-dependent op was recorded at its bound
+        self.declared_inputs = frozenset(assume.inputs)  # inputs whose values the user gave
+        self.unseen: dict[str, set[str]] = {}  # input -> the ops its invented values would have sized
         self._replica: list[Any] = []  # values the optimizer step reads, from graphmem.trace.step.replica
         self._replica_index = 0
 
@@ -94,16 +96,46 @@ class ValueAnswers:
         raise error
 
     def _from_shadows(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
-        """The real answer of a value read, or fake outputs with the real (value-dependent) shapes."""
+        """The real answer of a value read, or fake outputs with the real (value-dependent) shapes.
+
+        A size from values graphmem invented (an integer input nobody gave, filled with zeros)
+        is no fact: where it is below the largest the op can give, the op is recorded at that
+        (``_bounded``) and the input named in the report."""
         if not self.shadows.answerable(args, kwargs):
             return _NOT_MINE
+        sources = self.shadows.sources(args, kwargs)
         real = self.shadows.run(func, args, kwargs)
+        invented = sorted(self._invented(sources))
+        if invented and self._below_bound(func, args, kwargs, error, real):
+            op = func.__name__.split(".")[0]
+            for name in invented:
+                self.unseen.setdefault(name, set()).add(_BOUNDED_NAMES.get(op, op))
+            return _NOT_MINE
+        self.shadows.used |= sources
         if not isinstance(real, (torch.Tensor, tuple, list)):
             return real
         fake = tree_map(lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype)
                         if isinstance(r, torch.Tensor) else r, real)
         self.shadows.attach(args, kwargs, fake, real)
         return fake
+
+    def _invented(self, sources: frozenset[str]) -> set[str]:
+        """The inputs among ``sources`` whose values graphmem chose by default (none declared)."""
+        return {name for name, _, kind in (s.partition("=") for s in sources)
+                if kind and name not in self.declared_inputs and name not in KNOBS}
+
+    def _below_bound(self, func: Any, args: Any, kwargs: Any, error: Exception, real: Any) -> bool:
+        """Whether a value-dependent size answered from ``real`` is below the op's bound."""
+        rule = self._rules.output_bounds.get(func)
+        if rule is None or not isinstance(error, DynamicOutputShapeException):
+            return False
+        try:
+            bound = output_bounds(rule, *metas(args, kwargs))
+        except NotImplementedError:
+            return False
+        got = [t.numel() for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
+        most = [math.prod(shape) for shape in bound.shapes(hint_of(bound.count))]
+        return sum(got) < sum(most)
 
     def _from_values(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
         """Fake outputs from the op's ``value_kernel`` rule, given the known values of its
@@ -177,6 +209,16 @@ class ValueAnswers:
                     "it can (declare a fraction with --assume nonzero=0.5)")
         return (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
                 f"as declared with --assume nonzero={self.kept:g}")
+
+    def unseen_note(self) -> list[str]:
+        """The note on sizes recorded at their bound because the values they depend on were
+        invented (empty when none were)."""
+        if not self.unseen:
+            return []
+        ops, names = sorted(set().union(*self.unseen.values())), ", ".join(sorted(self.unseen))
+        return [f"upper bound: the sizes of {' and '.join(ops)} depend on values of {names} that graphmem did not "
+                "see (an integer input nobody gave is filled with zeros, which would have made them smaller): they "
+                "were recorded at the most they can be; give the real values with --sample FILE"]
 
     def declared_notes(self) -> list[str]:
         """The report's notes on ``--assume reads=N``: each line of the model's code it answered."""

@@ -33,7 +33,7 @@ from graphmem.job.spec import ROUTINGS
 from graphmem.job.values import UNINITIALISED
 from graphmem.trace.rules import ops
 
-__all__ = ["Shadows", "default_assumption", "SHADOW_LIMIT", "spread"]
+__all__ = ["SAMPLE", "Shadows", "default_assumption", "SHADOW_LIMIT", "spread"]
 
 SHADOW_LIMIT = 1 << 20  # elements: a shadow never costs more than a few MiB of real memory
 # uniform draws in [0, 1): a model that reads one decides at random (LayerDrop skips a layer
@@ -48,6 +48,7 @@ BUILT = "values computed when built"  # the source of buffers' shadows (graphmem
 TARGETS = "targets made by graphmem"  # a detection model's targets (graphmem.trace.values.targets; noted there)
 PREDICTED_BOXES = "predicted boxes covering the image"  # an R-CNN's boxes, read in inference (trace.targets)
 MASK_COUNT = "a mask's count at its most"  # how many elements of a mask of unknown values are set
+SAMPLE = "the sample"  # the inputs' own values (--sample)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +246,12 @@ class Shadows:
     def answerable(self, args: Any, kwargs: Any) -> bool:
         """Whether every tensor argument has a shadow (so the op can be run for real)."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        ok = all(self.get(t) is not None for t in tensors)
-        if ok:
-            for t in tensors:
-                self.used |= self._of(t).sources
-        return ok
+        return all(self.get(t) is not None for t in tensors)
+
+    def sources(self, args: Any, kwargs: Any) -> frozenset[str]:
+        """What the values of the tensor arguments rest on (each must have a shadow)."""
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        return frozenset().union(*(self._of(t).sources for t in tensors)) if tensors else frozenset()
 
     def known_values(self, args: Any, kwargs: Any) -> tuple[dict[int, torch.Tensor], frozenset[str]]:
         """The real values of the tensor arguments that have a shadow, by id, and the
@@ -321,7 +323,9 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
         notes.append("upper bound: the model reads how many elements of a mask are set (a count of foreground "
                      "anchors, say) where the mask depends on values; taken as the most they can be")
     notes += [_ROUTING_NOTES[routing] for routing in ROUTINGS if _routed(routing) in used]
-    named = {RANDOM_DRAW, FINITE, BUILT, TARGETS, PREDICTED_BOXES, MASK_COUNT, *map(_routed, ROUTINGS)}
+    if SAMPLE in used:
+        notes.append("the values the model reads from its inputs are the sample's (--sample)")
+    named = {RANDOM_DRAW, FINITE, BUILT, TARGETS, PREDICTED_BOXES, MASK_COUNT, SAMPLE, *map(_routed, ROUTINGS)}
     for item in sorted(used - named):
         name, _, kind = item.partition("=")
         origin = "as declared with --assume" if name in declared else "by default"
