@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from graphmem.job.job import Job
     from graphmem.job.program import make_program
     from graphmem.memory.results import MemoryReport
-    from graphmem.preflight.check import search_largest, sweep
     from graphmem.preflight.plan import make_plan
+    from graphmem.preflight.search import search_largest, sweep
     from graphmem.preflight.verdict import check, judge
     from graphmem.report import RENDERERS, write_files
     from graphmem.report.files import StagedFiles, staged_files
@@ -64,7 +64,7 @@ __all__ = ["main"]
 _ANALYSIS = {
     "graphmem.api": ("analyze", "run_program"),
     "graphmem.job.program": ("make_program",),
-    "graphmem.preflight.check": ("search_largest", "sweep"),
+    "graphmem.preflight.search": ("search_largest", "sweep"),
     "graphmem.preflight.plan": ("make_plan",),
     "graphmem.preflight.verdict": ("check", "judge"),
     "graphmem.report": ("RENDERERS", "write_files"),
@@ -76,7 +76,7 @@ _ANALYSIS = {
                                        "check_to_dict", "render_verdict"),
 }
 __getattr__ = lazy_exports(globals(), _ANALYSIS)
-# the pre-flight commands analyse these modes (graphmem.preflight.check.PREFLIGHT_MODES; a test keeps them equal)
+# the pre-flight commands analyse these modes (graphmem.preflight.search.PREFLIGHT_MODES; a test keeps them equal)
 PREFLIGHT_MODES = ("train", "inference")
 
 
@@ -322,7 +322,7 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
 
 def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: bool, files: list[str],
                    options: dict[str, Any]) -> None:
-    """``analyze --sweep``: the peaks at each value (graphmem.preflight.check.sweep)."""
+    """``analyze --sweep``: the peaks at each value (graphmem.preflight.search.sweep)."""
     with _analysis(debug):
         if files:
             raise UserInputError(f"{', '.join(files)} draw one analysis; --sweep makes one per value: drop one "

@@ -11,6 +11,7 @@ of values graphmem would have to invent.  Nothing but the sample's own tensors i
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,7 @@ def _load(text: str) -> Any:
         _exists(text)
         try:
             return torch.load(text, map_location="cpu", weights_only=True)
-        except (RuntimeError, OSError, ValueError, EOFError) as exc:  # not a torch.save file of tensors alone
+        except (RuntimeError, OSError, ValueError, EOFError, pickle.UnpicklingError) as exc:  # not torch.save's tensors
             said = " ".join(str(exc).split())[:200]
             raise UserInputError(f"--sample {text}: torch.load could not read it ({said}); {_HINT}") from exc
     from graphmem.job.load import import_attribute

@@ -33,7 +33,6 @@ from graphmem.job.spec import validate_inputs
 from graphmem.memory.results import MemoryReport, without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.changes import COMBINED_KINDS, kind_of, merge
-from graphmem.preflight.check import Prediction, SearchResult, peak_of, search_largest
 from graphmem.preflight.explain import explain
 from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.generation import kv_cache_rows
@@ -64,6 +63,7 @@ from graphmem.preflight.rows import (
     analysed_rows,
     batch_templates,
 )
+from graphmem.preflight.search import Prediction, SearchResult, peak_of, search_largest
 
 __all__ = ["RANKING_RULE", "Plan", "PlanRow", "make_plan", "rank_rows"]
 

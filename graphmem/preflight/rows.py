@@ -24,11 +24,11 @@ from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec, substitu
 from graphmem.memory.results import ModeReport, without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.changes import describe
-from graphmem.preflight.check import Prediction, predict
 from graphmem.preflight.formulas import Scaling, scaled_peak
 from graphmem.preflight.master_weights import MASTER_WEIGHTS_OPTIMIZER
 from graphmem.preflight.model_facts import ModelFacts, pruned_factory
 from graphmem.preflight.ranking import departure, effort
+from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map, processes
 
 __all__ = [

@@ -20,8 +20,8 @@ from graphmem.job.job import Job
 from graphmem.job.spec import validate_inputs
 from graphmem.memory.results import MemoryReport
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.check import predict
 from graphmem.preflight.footprint import Footprint, expandable_conf, footprint_of
+from graphmem.preflight.search import predict
 
 __all__ = ["CheckResult", "Expandable", "check", "judge"]
 

@@ -21,8 +21,8 @@ from graphmem.units import UNITS, format_bytes
 if TYPE_CHECKING:
     from graphmem.memory.results import MemoryReport
     from graphmem.preflight.budget import Budget
-    from graphmem.preflight.check import SearchResult, Sweep, SweepPoint
     from graphmem.preflight.footprint import Footprint
+    from graphmem.preflight.search import SearchResult, Sweep, SweepPoint
     from graphmem.preflight.verdict import CheckResult
 
 __all__ = [

@@ -18,8 +18,8 @@ from torch.nn.utils import prune
 from graphmem.cli import main
 from graphmem.job import make_job
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.check import search_largest
 from graphmem.preflight.plan import Plan, make_plan
+from graphmem.preflight.search import search_largest
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, measure_inference, measure_training, real_inputs
 

@@ -17,7 +17,7 @@ from torch import nn
 import graphmem
 from graphmem.job.job import make_job
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.check import find_largest_fit, predict, search_largest
+from graphmem.preflight.search import find_largest_fit, predict, search_largest
 from graphmem.records import OpRecord
 from graphmem.trace.symbolic import trace_at
 from tests.models import ZOO

@@ -81,7 +81,7 @@ def test_cli_choices_are_the_engines() -> None:
     from graphmem.job.presets import PRESETS
     from graphmem.job.spec import DTYPE_ALIASES, MODEL_DTYPES
     from graphmem.job.step import AMP_DTYPES, LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS, OPTIMIZERS
-    from graphmem.preflight.check import PREFLIGHT_MODES
+    from graphmem.preflight.search import PREFLIGHT_MODES
     from graphmem.report import RENDERERS, UNIT_CHOICES
     from graphmem.report.dot import COLLAPSE_CHOICES
     from graphmem.report.plan_table import PLAN_RENDERERS

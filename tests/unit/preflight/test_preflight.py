@@ -20,7 +20,6 @@ from graphmem.job.spec import input_symbol, substitute, validate_inputs
 from graphmem.memory.results import Category, Lifetime
 from graphmem.preflight.budget import Budget, parse_budget, parse_margin, resolve_budget
 from graphmem.preflight.changes import describe, merge
-from graphmem.preflight.check import find_largest_fit, fit_line
 from graphmem.preflight.explain import explain
 from graphmem.preflight.formulas import (
     csr_break_even_density,
@@ -35,6 +34,7 @@ from graphmem.preflight.model_facts import block_classes, model_facts
 from graphmem.preflight.plan import rank_rows
 from graphmem.preflight.ranking import Departure, departure, effort
 from graphmem.preflight.rows import PlanRow, batch_templates
+from graphmem.preflight.search import find_largest_fit, fit_line
 from graphmem.records import Phase
 from tests.conftest import ROOT
 

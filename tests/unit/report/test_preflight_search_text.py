@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.check import SearchResult
+from graphmem.preflight.search import SearchResult
 from graphmem.report.preflight_text import Context, render_search_table, told_apart
 from graphmem.units import format_bytes
 
