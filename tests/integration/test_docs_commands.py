@@ -15,7 +15,7 @@ from graphmem.cli import main
 from tests.conftest import ROOT
 
 DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers.md", "docs/finetuning.md",
-        "docs/run.md", "docs/visualisation.md")
+        "docs/run.md", "docs/visualisation.md", "docs/values.md")
 # placeholders a reader fills in, not runnable as written
 _TEMPLATES = ("$", "path/to/", "train.py:")
 # options naming a file the command writes: written to the test's temporary folder, not the checkout
