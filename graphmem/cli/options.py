@@ -211,7 +211,8 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                      help="With --generate: sequences generated at once."),
         click.Option(["--assume", "assumptions"], multiple=True, metavar="NAME=VALUE",
                      help="Value of an integer input, used only where the model reads values "
-                          "(if mask.all(), nonzero): ones, zeros, arange or an integer. Defaults: *mask* "
+                          "(if mask.all(), nonzero): ones, zeros, arange, an integer, or below:N (random integers "
+                          "from 0 to N-1: token ids below the vocabulary, node indices). Defaults: *mask* "
                           "inputs ones, position_ids arange, others zeros. nonzero=F (0 <= F <= 1): sizes "
                           "that depend on values (nonzero, x[mask], unique, LLM.int8's outlier columns) keep F of "
                           "their most, instead of all (an upper bound). routing=uneven|balanced: how top-k / "

@@ -28,8 +28,8 @@ from graphmem.job.grammar import (
 )
 from graphmem.job.grammar import MAX_INT as _MAX_INT
 
-__all__ = ["ASSUMPTION_KINDS", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "READ_VALUE", "ROUTING", "ROUTINGS",
-           "GenerateSpec", "InputSpec", "input_dims", "input_symbol", "parse_assumption", "parse_dtype",
+__all__ = ["ASSUMPTION_KINDS", "BELOW", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "READ_VALUE", "ROUTING",
+           "ROUTINGS", "GenerateSpec", "InputSpec", "input_dims", "input_symbol", "parse_assumption", "parse_dtype",
            "parse_generate", "parse_input_spec", "parse_sweep", "spec_at", "substitute", "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
@@ -37,6 +37,7 @@ DTYPE_ALIASES: dict[str, torch.dtype] = {alias: getattr(torch, name) for alias, 
 
 # The values ``--assume NAME=VALUE`` may give an integer input, besides an integer.
 ASSUMPTION_KINDS = ("ones", "zeros", "arange")
+BELOW = "below:"  # --assume NAME=below:N: integers drawn uniformly from [0, N), seed 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,9 @@ READ_VALUE = "reads"
 
 
 def parse_assumption(text: str) -> tuple[str, str]:
-    """``NAME=ones|zeros|arange|INT`` -> (name, value); or ``nonzero=F``, F in [0, 1]: the
+    """``NAME=ones|zeros|arange|INT|below:N`` -> (name, value) (``below:N``: integers drawn
+    uniformly from [0, N) with a fixed seed: token ids below the vocabulary, node indices below
+    the node count); or ``nonzero=F``, F in [0, 1]: the
     fraction of their most that value-dependent sizes (nonzero, masks, unique, LLM.int8's
     outlier columns) keep."""
     name, sep, value = text.partition("=")
@@ -137,9 +140,12 @@ def parse_assumption(text: str) -> tuple[str, str]:
                                  "the first ones all the rest) or routing=balanced (tokens spread evenly)")
         return ROUTING, value
     integer = value.removeprefix("-").isdecimal() and -_MAX_INT - 1 <= int(value) <= _MAX_INT
-    if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or integer):
+    bound = value.removeprefix(BELOW)
+    drawn = value.startswith(BELOW) and bound.isdecimal() and 1 <= int(bound) <= _MAX_INT
+    if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or integer or drawn):
         raise UserInputError(f"malformed --assume {text!r}; expected NAME=VALUE with VALUE one of "
-                             f"{', '.join(ASSUMPTION_KINDS)} or an integer that fits int64, e.g. attention_mask=ones")
+                             f"{', '.join(ASSUMPTION_KINDS)}, an integer that fits int64, or {BELOW}N (random "
+                             "integers from 0 to N-1), e.g. attention_mask=ones or edge_index=below:2000")
     return name.strip(), value
 
 

@@ -78,6 +78,17 @@ def test_the_sample_gives_the_real_values(tmp_path: Path) -> None:
     assert positional.train is not None and positional.train.peak_bytes == report.train.peak_bytes
 
 
+def test_declared_random_indices_are_facts() -> None:
+    """--assume idx=below:4: integers from 0 to 3 drawn with seed 0, as declared: sized by them,
+    equal to the real run on the same draw, and not an upper bound."""
+    report = graphmem.analyze(Picks, ["512x64", "512:int64"], optimizer="sgd", loss="sum",
+                              assume={"input_1": "below:4"})
+    assert report.inference is not None and report.train is not None
+    drawn = torch.randint(0, 4, (512,), generator=torch.Generator().manual_seed(0))
+    assert (report.inference.peak_bytes, report.train.peak_bytes) == _real(drawn)
+    assert report.train.trace.unseen_inputs == ()
+
+
 def test_the_command_line_says_it_in_the_headline(make_module: Callable[[str], str], tmp_path: Path) -> None:
     name = make_module(MODEL)
     runner = CliRunner()

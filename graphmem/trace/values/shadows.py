@@ -29,7 +29,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import OP_ERRORS, hint_of, is_fake, tree_flatten, tree_map, unset_fake_temporarily
-from graphmem.job.spec import ROUTINGS
+from graphmem.job.spec import BELOW, ROUTINGS
 from graphmem.job.values import UNINITIALISED
 from graphmem.trace.rules import ops
 
@@ -73,6 +73,9 @@ def _make(kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
         return torch.zeros(shape, dtype=dtype)
     if kind == "arange":
         return torch.arange(shape[-1] if shape else 1, dtype=dtype).expand(shape).contiguous()
+    if kind.startswith(BELOW):  # drawn as torch.randint(0, N, shape, generator=Generator().manual_seed(0))
+        return torch.randint(0, int(kind.removeprefix(BELOW)), shape, dtype=dtype,
+                             generator=torch.Generator().manual_seed(0))
     return torch.full(shape, int(kind), dtype=dtype)
 
 
@@ -302,7 +305,9 @@ _ROUTING_NOTES = {
 
 def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
     """Assumption notes for the report, one per assumed input an answer depended on."""
-    words = {"ones": "all ones (no padding)", "zeros": "all zeros", "arange": "0, 1, 2, ... (no packing)"}
+    words = {"ones": "all ones (no padding)", "zeros": "all zeros", "arange": "0, 1, 2, ... (no packing)",
+             **{kind: f"random integers below {kind.removeprefix(BELOW)}" for kind in
+                {s.partition("=")[2] for s in used} if kind.startswith(BELOW)}}
     notes = []
     if RANDOM_DRAW in used:
         notes.append("upper bound: the model reads a random draw (torch.rand, e.g. LayerDrop's `if torch.rand([]) < "
