@@ -391,7 +391,20 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
         return report, traced.models[0] if traced.models else program.target
 
-    recorded = [(rank, *one(rank)) for rank in chosen]
+    if len(chosen) > 1 and processes() > 1:  # each rank in a worker process, side by side
+        def in_worker(rank: int) -> tuple[ModeReport, str]:
+            report, model = one(rank)
+            return with_graph(report, torch.fx.Graph()), model  # a graph does not pickle
+
+        def graph_of(rank: int) -> torch.fx.Graph:
+            """A rank's fx graph, recorded again here (it was recorded in another process)."""
+            return one(rank)[0].trace.graph
+
+        made = fork_map(in_worker, chosen, what="recording a rank")
+        recorded = [(rank, with_graph(report, partial(graph_of, rank)), model)
+                    for rank, (report, model) in zip(chosen, made, strict=True)]
+    else:
+        recorded = [(rank, *one(rank)) for rank in chosen]
     train, model = recorded[0][1], recorded[0][2]
     if program.world_size > 1:
         reports = sorted((RankReport(rank, (rank,), report) for rank, report, _ in recorded),

@@ -5,6 +5,8 @@ K-th optimizer step): every rank's peak and each step's peak, to the byte."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from click.testing import CliRunner
 
@@ -43,12 +45,15 @@ def test_ranks_on_the_command_line() -> None:
 def test_nodes_give_each_rank_torchruns_environment() -> None:
     """--nnodes 2 --nproc-per-node 2: global ranks 0-3, LOCAL_RANK and GROUP_RANK per node, one
     process group of 4 (the program prints what it sees)."""
-    script = str(PROGRAMS / "ddp.py")
-    result = CliRunner().invoke(main, ["run", "--nnodes", "2", "--nproc-per-node", "2", "--ranks", "all", script])
-    assert result.exit_code == 0, result.output
-    for rank in range(4):
-        assert f"rank {rank} local {rank % 2} node {rank // 2} world 4" in result.output
-    assert "torchrun --nnodes 2 --nproc-per-node 2" in result.output
+    import subprocess
+
+    script = str(PROGRAMS / "ddp.py")  # the ranks run side by side in worker processes: a whole command
+    done = subprocess.run([sys.executable, "-m", "graphmem", "run", "--nnodes", "2", "--nproc-per-node", "2",
+                           "--ranks", "all", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for rank in range(4):  # the program's own prints: on stderr, graphmem's report alone on stdout
+        assert f"rank {rank} local {rank % 2} node {rank // 2} world 4" in done.stderr
+    assert "torchrun --nnodes 2 --nproc-per-node 2" in done.stdout
 
 
 def test_nccl_buffers_on_the_gpu_as_analyze_counts_them() -> None:
