@@ -18,10 +18,12 @@ from tests.dist_oracles import measure_program_distributed
 PROGRAMS = ROOT / "tests" / "programs"
 
 
-@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py"])
+@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py", "tp.py", "zero.py"])
 def test_every_rank_equals_the_real_run(program: str) -> None:
-    """DistributedDataParallel (1 MB buckets) and FSDP2 (fully_shard per block, a device mesh
-    made by the program) with the program's own init_process_group("gloo")."""
+    """DistributedDataParallel (1 MB buckets), FSDP2 (fully_shard per block, a device mesh made
+    by the program), tensor parallelism (parallelize_module, column- then row-wise) and ZeRO-1
+    (DDP with ZeroRedundancyOptimizer: the ranks' shares of Adam's state differ), each with the
+    program's own init_process_group("gloo")."""
     script = str(PROGRAMS / program)
     real = measure_program_distributed(script, world_size=2, steps=2)
     report = run_program(script, nproc_per_node=2, ranks="all").train
