@@ -35,6 +35,18 @@ def test_every_rank_equals_the_real_run(program: str) -> None:
         assert list(predicted[rank].iteration_peaks) == [measured["phase_peaks"][f"step {k}"] for k in (1, 2)]
 
 
+def test_accelerate_launched_loop_on_two_processes() -> None:
+    """An accelerate loop (Accelerator.prepare, accelerator.backward) launched on 2 processes:
+    accelerate wraps the model in DDP from torchrun's environment and moves each batch to
+    "cpu:0"; each rank equal to the real 2-process run."""
+    pytest.importorskip("accelerate")  # imported before both: its import-time tensors count in neither
+    script = str(PROGRAMS / "accelerate_loop.py")
+    real = measure_program_distributed(script, world_size=2, steps=2)
+    report = run_program(script, nproc_per_node=2, ranks="all").train
+    assert report is not None
+    assert {r.rank: r.report.peak_bytes for r in report.ranks} == {k: r["peak_bytes"] for k, r in enumerate(real)}
+
+
 def test_ranks_on_the_command_line() -> None:
     script = str(PROGRAMS / "ddp.py")
     result = CliRunner().invoke(main, ["run", "--nproc-per-node", "2", script])

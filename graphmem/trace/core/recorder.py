@@ -108,8 +108,11 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         device = kwargs.get("device")
-        if isinstance(device, torch.device) and device.type == "cuda":  # the user's device="cuda":
-            kwargs = {**kwargs, "device": _FAKES_ON}  # the fakes live on the CPU (graphmem.job.devices)
+        if isinstance(device, torch.device) and (device.type == "cuda" or device.index is not None):
+            # the user's device="cuda": the fakes live on the CPU (graphmem.job.devices); "cpu:0" is
+            # the CPU, as a real tensor reports it (a fake one would keep the index, and then
+            # differ from every other CPU tensor: accelerate moves batches to "cpu:0")
+            kwargs = {**kwargs, "device": _FAKES_ON}
         self.dispatching += 1
         try:
             return self._dispatch(func, args, kwargs, device)
