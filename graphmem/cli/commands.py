@@ -230,11 +230,12 @@ def _budget_options(command: Any) -> Any:
               help="What the program runs on (default: cuda with --gpu, else cpu). cpu: bytes as PyTorch's "
                    "CPU execution allocates them; cuda: the program's \"cuda\" is --gpu, its memory what the "
                    "caching allocator reserves (torch.cuda's memory calls in the program answer the same).")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes on the node, as torchrun --nproc-per-node starts them: each sees torchrun's "
-                   "RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process group of "
-                   "that many ranks in which collectives move nothing. Memory per process.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Processes on the node, as torchrun --nproc-per-node starts them (1 included): each sees "
+                   "torchrun's RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process "
+                   "group of that many ranks in which collectives move nothing. Memory per process. "
+                   "Default: one process, started as python starts it.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=None,
               help="Nodes, as torchrun --nnodes: RANK runs over all of them, LOCAL_RANK and GROUP_RANK per node.")
 @click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
               help="With --nproc-per-node: the ranks to record (auto: rank 0 and the last).")
@@ -260,7 +261,8 @@ def _budget_options(command: Any) -> Any:
 @_budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int, nnodes: int, ranks: str,
+def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int | None, nnodes: int | None,
+                ranks: str,
                 gpu: str | None, sdpa: str,
                 alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
                 output: str | None,
