@@ -20,6 +20,7 @@ over the cap is cut off and the program solved again.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,21 @@ def _pulp() -> Any:
     return pulp
 
 
+def _cbc(pulp: Any) -> Any:
+    """CBC: the one ``pip install 'pulp[cbc]'`` installs (PuLP 3.3 and later), else the one PuLP's
+    wheel bundles (deprecated there, still shipped)."""
+    # a binary within CBC's default integrality tolerance (1e-7) of 1 lets a byte-sized
+    # coefficient slip a few bytes past the cap; CBC then cut off the true optimum as worse
+    # than that near-solution and called the program infeasible
+    options = ["integerT 1e-12"]
+    coin = pulp.COIN_CMD(msg=False, options=options)
+    if coin.available():
+        return coin
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, options=options)
+
+
 class _Program:
     """The integer program of one Composite; ``solve`` answers one question at a time."""
 
@@ -50,20 +66,26 @@ class _Program:
         self.composite = composite
         n, v = composite.blocks, composite.variants
         self.problem = pulp.LpProblem("checkpointing", pulp.LpMinimize)
-        self.x = [[pulp.LpVariable(f"x_{i}_{k}", cat="Binary") for k in range(v)] for i in range(n)]
+        self.x = [[self._variable(f"x_{i}_{k}", cat="Binary") for k in range(v)] for i in range(n)]
         for i in range(n):
             self.problem += pulp.lpSum(self.x[i]) == 1
-        self.peak = pulp.LpVariable("peak", lowBound=0)
+        self.peak = self._variable("peak", lowBound=0)
+        self.solver = _cbc(pulp)
         unit = math.gcd(*(c for row in composite.cost for c in row)) or 1
         self.cost = pulp.lpSum(composite.cost[i][k] // unit * self.x[i][k] for i in range(n) for k in range(v))
         self.unit = unit
         self._held: dict[tuple[int, ...], Any] = {}
         self._constrain()
 
+    def _variable(self, name: str, **bounds: Any) -> Any:
+        """A variable of the program (PuLP 3.3 attaches it to the program; older PuLP builds it alone)."""
+        add = getattr(self.problem, "add_variable", None)
+        return add(name, **bounds) if add is not None else self.pulp.LpVariable(name, **bounds)
+
     def _held_variable(self, blocks: tuple[int, ...]) -> Any:
         """A variable at least every checkpointed variant's binary of ``blocks`` (1 when any is)."""
         if blocks not in self._held:
-            y = self.pulp.LpVariable(f"held_{len(self._held)}", lowBound=0, upBound=1)
+            y = self._variable(f"held_{len(self._held)}", lowBound=0, upBound=1)
             for b in blocks:
                 for k in range(1, self.composite.variants):
                     self.problem += y >= self.x[b][k]
@@ -93,10 +115,7 @@ class _Program:
         for n, constraint in enumerate(extra):
             problem.addConstraint(constraint, name=f"extra_{n}")
         for cut in range(_MOST_CUTS):
-            # a binary within CBC's default integrality tolerance (1e-7) of 1 lets a byte-sized
-            # coefficient slip a few bytes past the cap; CBC then cut off the true optimum as
-            # worse than that near-solution and called the program infeasible
-            status = problem.solve(self.pulp.PULP_CBC_CMD(msg=False, options=["integerT 1e-12"]))
+            status = problem.solve(self.solver)
             if self.pulp.LpStatus[status] != "Optimal":
                 return None
             choice = tuple(self._variant(i) for i in range(self.composite.blocks))
