@@ -45,9 +45,10 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     budget = policy.budget
     chosen, lowest = policy.chosen, policy.lowest
     if chosen is None:
-        return (f"NO CHOICE FITS: the lowest peak any choice of {policy.block_class} blocks reaches is "
-                f"{fmt(lowest.peak_bytes)} (blocks {_blocks(lowest)} checkpointed, {lowest.extra_compute:+.1%} "
-                f"compute), short by {fmt(budget.required_bytes(lowest.peak_bytes) - budget.total_bytes)}; "
+        short = budget.required_bytes(lowest.peak_bytes) - budget.total_bytes
+        return (f"NO CHOICE FITS: the lowest peak any choice of the {policy.blocks} {policy.block_class} modules "
+                f"reaches is {fmt(lowest.peak_bytes)} (blocks {_blocks(lowest)} checkpointed, "
+                f"{lowest.extra_compute:+.1%} compute), short by {fmt(short)}; "
                 "checkpointing alone cannot make it fit: graphmem plan without --policy lists the other remedies")
     if not chosen.blocks:
         return (f"FITS with no block checkpointed: {fmt(chosen.peak_bytes)}, "
@@ -68,8 +69,8 @@ def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
                      "yes" if point.fits else "no", mark])
     shown = (f"{len(policy.front)} points, all analysed" if len(policy.front) == policy.front_size
              else f"{len(policy.front)} of its {policy.front_size} points, analysed (--front-points N for more)")
-    title = ("Memory against recompute: the front, where no choice has both less recompute and a lower "
-             f"peak ({shown})")
+    title = textwrap.fill("Memory against recompute: the front, where no choice has both less recompute and a "
+                          f"lower peak ({shown})", width=100)
     return title + "\n" + str(tabulate(rows, tablefmt="simple", headers=[
         "blocks checkpointed", "blocks", "peak", "recomputed FLOPs", "extra compute", "fits", ""]))
 
@@ -81,7 +82,7 @@ def _how(policy: PolicyPlan) -> str:
     notes = f" Not exact: {'; '.join(policy.notes)}." if policy.notes else ""
     return textwrap.fill(
         f"How: {policy.recordings} recordings of the step (no block, every block, every even and every odd block "
-        f"checkpointed) give the peak of every choice of {policy.blocks} {policy.block_class} blocks, storage by "
+        f"checkpointed) give the peak of every choice of the {policy.blocks} {policy.block_class} modules, storage by "
         f"storage (graphmem/preflight/policy/composite.py); {policy.solver} picks the least recompute under the "
         f"budget; every peak above is an analysis of the job with those blocks checkpointed "
         f"({policy.analyses} more analyses); {exact}.{notes} Extra compute: recomputed FLOPs over the step's "
