@@ -116,7 +116,7 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
                      loss: str, iterations: int = 2, amp: torch.dtype | None = None,
                      grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = (),
                      kw_inputs: dict[str, torch.Tensor] | None = None, checkpoint_every: int = 1,
-                     checkpoint_save: tuple[str, ...] = (),
+                     checkpoint_save: tuple[str, ...] = (), checkpoint_blocks: tuple[int, ...] | None = None,
                      also_held: Callable[[torch.nn.Module], list[torch.Tensor]] | None = None) -> Measured:
     """Run the documented training step for real; see the module docstring.
 
@@ -124,7 +124,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     grad_accum: micro-steps per optimizer step, each in its own function (locals die at its
         return); with 1, out and loss live until the optimizer step is done.
     checkpoint_classes: modules of these classes run under non-reentrant checkpointing;
-        only every ``checkpoint_every``-th of them (the 1st, k+1-th, ...); with
+        only every ``checkpoint_every``-th of them (the 1st, k+1-th, ...), or only those
+        ``checkpoint_blocks`` names (0-based, in model order); with
         ``checkpoint_save``, selectively: torch's create_selective_checkpoint_contexts saves
         the outputs of "matmuls" (mm, addmm, bmm, baddbmm), of every second matmul of a call
         ("every-2nd-matmul"), or of "attention" (the SDPA kernels), and recomputes the rest.
@@ -137,7 +138,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     chosen = [m for m in model.modules() if type(m).__name__ in checkpoint_classes]
     if chosen and getattr(getattr(model, "config", None), "use_cache", None):
         model.config.use_cache = False  # as transformers' gradient_checkpointing_enable() trains
-    for module in chosen[::checkpoint_every]:
+    picked = chosen[::checkpoint_every] if checkpoint_blocks is None else [chosen[i] for i in checkpoint_blocks]
+    for module in picked:
         module.forward = _checkpointed(module.forward, checkpoint_save)  # type: ignore[method-assign]
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     # init_scale=1: no overflow, so every step runs (the steady state graphmem models)
