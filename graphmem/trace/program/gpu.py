@@ -129,12 +129,15 @@ class _Stream:
         return False
 
 
-def _no_cuda_graphs(name: str) -> Callable[..., Any]:
-    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead."""
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+def _no_cuda_graphs(name: str) -> type:
+    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead when called.
+    A class, as ``CUDAGraph`` and ``graph`` are, so that a library naming it in an annotation
+    evaluated at import (``torch.cuda.CUDAGraph | None``, transformers' continuous batching)
+    still imports."""
+    def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedError(f"the program captures a CUDA graph (torch.cuda.{name}), which graphmem run does not "
                                "model yet: run it without CUDA graphs (torchtitan: --training.disable_cuda_graphs)")
-    return refuse
+    return type(name, (), {"__new__": refuse, "__module__": __name__})
 
 
 class _OnDevice:
