@@ -101,9 +101,14 @@ def _singletons() -> list[tuple[dict[str, Any], dict[str, Any]]]:
 @contextlib.contextmanager
 def _as_main(program: Program) -> Iterator[None]:
     """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program; restored after,
-    with the singletons of ``_SINGLETONS`` (the program may have made them for a fake GPU)."""
+    with the singletons of ``_SINGLETONS`` (the program may have made them for a fake GPU).
+    The program starts with those singletons empty, as in a new process: a rank's process
+    forked from one that ran accelerate on one process must not inherit that state (it would
+    not see torchrun's environment; accelerate's own ``_reset_state`` clears them the same)."""
     argv, path = sys.argv[:], sys.path[:]
     before = {id(shared): copy for shared, copy in _singletons()}
+    for shared, _ in _singletons():
+        shared.clear()
     sys.argv = [program.target, *program.argv]
     sys.path.insert(0, os.getcwd() if program.module else os.path.dirname(os.path.abspath(program.target)))
     try:
