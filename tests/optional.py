@@ -12,7 +12,7 @@ import pytest
 __all__ = ["installed", "needs"]
 
 _EXTRA = {"transformers": "hf", "huggingface_hub": "hf", "peft": "lora", "bitsandbytes": "qlora",
-          "matplotlib": "viz", "pydot": "viz"}
+          "matplotlib": "viz", "pydot": "viz", "pulp": "plan"}
 
 
 def _reason(package: str) -> str:

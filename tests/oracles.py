@@ -116,7 +116,7 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
                      loss: str, iterations: int = 2, amp: torch.dtype | None = None,
                      grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = (),
                      kw_inputs: dict[str, torch.Tensor] | None = None, checkpoint_every: int = 1,
-                     checkpoint_save: tuple[str, ...] = (),
+                     checkpoint_save: tuple[str, ...] = (), checkpoint_blocks: tuple[int, ...] | None = None,
                      also_held: Callable[[torch.nn.Module], list[torch.Tensor]] | None = None) -> Measured:
     """Run the documented training step for real; see the module docstring.
 
@@ -124,7 +124,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     grad_accum: micro-steps per optimizer step, each in its own function (locals die at its
         return); with 1, out and loss live until the optimizer step is done.
     checkpoint_classes: modules of these classes run under non-reentrant checkpointing;
-        only every ``checkpoint_every``-th of them (the 1st, k+1-th, ...); with
+        only every ``checkpoint_every``-th of them (the 1st, k+1-th, ...), or only those
+        ``checkpoint_blocks`` names (0-based, in model order); with
         ``checkpoint_save``, selectively: torch's create_selective_checkpoint_contexts saves
         the outputs of "matmuls" (mm, addmm, bmm, baddbmm), of every second matmul of a call
         ("every-2nd-matmul"), or of "attention" (the SDPA kernels), and recomputes the rest.
@@ -137,7 +138,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
     chosen = [m for m in model.modules() if type(m).__name__ in checkpoint_classes]
     if chosen and getattr(getattr(model, "config", None), "use_cache", None):
         model.config.use_cache = False  # as transformers' gradient_checkpointing_enable() trains
-    for module in chosen[::checkpoint_every]:
+    picked = chosen[::checkpoint_every] if checkpoint_blocks is None else [chosen[i] for i in checkpoint_blocks]
+    for module in picked:
         module.forward = _checkpointed(module.forward, checkpoint_save)  # type: ignore[method-assign]
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     # init_scale=1: no overflow, so every step runs (the steady state graphmem models)
@@ -190,35 +192,53 @@ class _Stop(BaseException):
     pass
 
 
+def count_optimizer_steps(after: Callable[[int], None]) -> list[Any]:
+    """Call ``after(n)`` when the program's n-th optimizer step returns: any torch.optim
+    optimizer's ``step``, counted at the outermost one (an optimizer whose step steps others,
+    as torchtitan's container of optimizers does, is one step with them).  The hooks' handles."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    depth, done = [0], [0]
+
+    def before(opt: Any, args: Any, kwargs: Any) -> None:
+        depth[0] += 1
+
+    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+        depth[0] -= 1
+        if depth[0] == 0:
+            done[0] += 1
+            after(done[0])
+
+    return [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after_step)]
+
+
 def measure_program(script: str, argv: Sequence[str] = (), steps: int = 2) -> Measured:
     """Run ``python SCRIPT ARGV`` for real, counting live storages from its first line, until
-    its ``steps``-th optimizer step returns (torch.optim's global post-step hook stops it).
+    its ``steps``-th optimizer step returns (torch.optim's global step hooks stop it; a step that
+    steps other optimizers inside it is one step: ``count_optimizer_steps``).
     ``phase_peaks``: "step N" -> the peak from the end of step N-1 to the end of step N."""
     import os
     import runpy
     import sys
 
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     counter = LiveStorages()
-    done = [0]
     counter.phase = "step 1"
 
-    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
-        done[0] += 1
-        if done[0] >= steps:
+    def after_step(done: int) -> None:
+        if done >= steps:
             raise _Stop
-        counter.phase = f"step {done[0] + 1}"
+        counter.phase = f"step {done + 1}"
 
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    handle = register_optimizer_step_post_hook(after_step)
+    handles = count_optimizer_steps(after_step)
     try:
         with counter, contextlib.suppress(_Stop):
             runpy.run_path(script, run_name="__main__")
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         sys.argv[:], sys.path[:] = saved_argv, saved_path
     return Measured(counter.peak, dict(counter.phase_peaks))
 

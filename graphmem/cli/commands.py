@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from graphmem.report.header import Setup, setup_of
     from graphmem.report.html import render_html
     from graphmem.report.plan_table import PLAN_RENDERERS
+    from graphmem.report.policy_curve import write_policy_curve
+    from graphmem.report.policy_file import render_policy_module
     from graphmem.report.preflight_text import (
         CHECK_RENDERERS,
         SEARCH_RENDERERS,
@@ -72,6 +74,8 @@ _ANALYSIS = {
     "graphmem.report.header": ("Setup", "setup_of"),
     "graphmem.report.html": ("render_html",),
     "graphmem.report.plan_table": ("PLAN_RENDERERS",),
+    "graphmem.report.policy_curve": ("write_policy_curve",),
+    "graphmem.report.policy_file": ("render_policy_module",),
     "graphmem.report.preflight_text": ("CHECK_RENDERERS", "SEARCH_RENDERERS", "SWEEP_RENDERERS", "Context",
                                        "check_to_dict", "render_verdict"),
 }
@@ -94,6 +98,16 @@ def _job(options: Mapping[str, Any]) -> Job:
     job = job_from(options)
     _load()
     return job
+
+
+def _output_kind(kind: str) -> Callable[[Any, Any, str | None], str | None]:
+    """A click callback refusing a path where no ``kind`` file (graphmem.report.paths) can be written."""
+    def check(_: Any, param: Any, path: str | None) -> str | None:
+        try:
+            return None if path is None else check_output_path(kind, path)
+        except UserInputError as exc:
+            raise click.BadParameter(str(exc), param=param) from None
+    return check
 
 
 def _picture(param: Any, path: str | None) -> str | None:
@@ -230,11 +244,12 @@ def _budget_options(command: Any) -> Any:
               help="What the program runs on (default: cuda with --gpu, else cpu). cpu: bytes as PyTorch's "
                    "CPU execution allocates them; cuda: the program's \"cuda\" is --gpu, its memory what the "
                    "caching allocator reserves (torch.cuda's memory calls in the program answer the same).")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes on the node, as torchrun --nproc-per-node starts them: each sees torchrun's "
-                   "RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process group of "
-                   "that many ranks in which collectives move nothing. Memory per process.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Processes on the node, as torchrun --nproc-per-node starts them (1 included): each sees "
+                   "torchrun's RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process "
+                   "group of that many ranks in which collectives move nothing. Memory per process. "
+                   "Default: one process, started as python starts it.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=None,
               help="Nodes, as torchrun --nnodes: RANK runs over all of them, LOCAL_RANK and GROUP_RANK per node.")
 @click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
               help="With --nproc-per-node: the ranks to record (auto: rank 0 and the last).")
@@ -260,7 +275,8 @@ def _budget_options(command: Any) -> Any:
 @_budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int, nnodes: int, ranks: str,
+def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int | None, nnodes: int | None,
+                ranks: str,
                 gpu: str | None, sdpa: str,
                 alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
                 output: str | None,
@@ -425,17 +441,42 @@ main.add_command(max_batch_command, name="max-seq")
               show_default=True, help="Share of each Linear/Conv weight the pruning rows remove.")
 @click.option("--group-size", type=click.IntRange(min=1), default=128, show_default=True,
               help="int4 quantization group size (formula rows).")
+@click.option("--policy", "policy", is_flag=True,
+              help="Choose which blocks to checkpoint: the least recompute whose peak fits the budget, solved "
+                   "over every choice and verified by analysis, with the memory/recompute front (instead of "
+                   "the table of remedies; training, one device).")
+@click.option("--emit-policy", "emit_policy", default=None, metavar="FILE.py", callback=_output_kind("policy"),
+              help="With --policy: write the chosen policy as a Python module (apply_policy(model), torchtitan's "
+                   "settings, transformers' own checkpointing calls). Implies --policy.")
+@click.option("--policy-curve", "policy_curve", default=None, metavar="FILE.svg|png",
+              callback=_output_kind("policy_curve"),
+              help="With --policy: draw the front, peak against recompute, with the budget line. Implies --policy.")
+@click.option("--front-points", type=click.IntRange(min=2), default=8, show_default=True,
+              help="With --policy: points of the front analysed (each an analysis of the whole step).")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
-                 debug: bool, world_size: int | None, prune_amount: float, group_size: int,
-                 **options: Any) -> None:
+                 debug: bool, world_size: int | None, prune_amount: float, group_size: int, policy: bool,
+                 emit_policy: str | None, policy_curve: str | None, front_points: int, **options: Any) -> None:
     """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
     accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
-    predicted peak, saving and extra compute; and why training takes N times inference.
+    predicted peak, saving and extra compute; and why training takes N times inference.  With
+    --policy: which blocks to checkpoint for the least recompute that fits.
 
     Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
     """
+    _distinct(output=output, emit_policy=emit_policy, policy_curve=policy_curve)
+    policy = policy or emit_policy is not None or policy_curve is not None
     with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
-        plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size)
+        plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size,
+                         policy=policy, front_points=front_points)
         text = PLAN_RENDERERS[fmt](plan, context, units)
-    _write(text, output, debug)
+
+    def files(staged: StagedFiles) -> None:
+        if plan.policy is not None and emit_policy is not None:
+            described = " ".join([context.target, *(f"--input {i}" for i in context.inputs)])
+            Path(staged.path_for(emit_policy)).write_text(render_policy_module(plan.policy, described),
+                                                          encoding="utf-8")
+        if plan.policy is not None and policy_curve is not None:
+            write_policy_curve(plan.policy, staged.path_for(policy_curve), context.target, units)
+
+    _write(text, output, debug, files)

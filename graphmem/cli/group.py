@@ -31,7 +31,8 @@ FIRST_PARAGRAPH = {
                "some value fits, 1 when even 1 does not.",
     "plan": "What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer, accumulation, "
             "ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its predicted peak, saving "
-            "and extra compute; and why training takes N times inference.",
+            "and extra compute; and why training takes N times inference. With --policy: which blocks to checkpoint "
+            "for the least recompute that fits.",
     "run": "Run a training program, unchanged, and predict its memory: graphmem run [OPTIONS] SCRIPT.py [ARGS]...",
 }
 

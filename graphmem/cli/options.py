@@ -38,7 +38,7 @@ from graphmem.job.choices import (
     QUANTIZED_BASES,
     SDPA_CHOICES,
 )
-from graphmem.job.grammar import validate_inputs
+from graphmem.job.grammar import parse_blocks, validate_inputs
 from graphmem.job.lora_spec import LoraSpec, read_lora, require_peft
 from graphmem.report import UNIT_CHOICES
 from graphmem.report.paths import check_destination
@@ -240,6 +240,9 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
                           "checkpointing; the report shows the peak with and without it."),
         click.Option(["--checkpoint-every"], type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --checkpoint: checkpoint only every K-th module of those classes (1st, K+1-th, ...)."),
+        click.Option(["--checkpoint-blocks"], type=ParsedType("I[-J][,...]", parse_blocks, tuple), default="",
+                     help="With --checkpoint: checkpoint only these of the modules of those classes (0-based, in "
+                          "the model's order), e.g. 0-5,8: the choice graphmem plan --policy makes."),
         click.Option(["--checkpoint-save"], default="", metavar="OPS",
                      help="With --checkpoint: selective activation checkpointing: keep the outputs of these ops "
                           "and recompute the rest: matmuls, every-2nd-matmul, attention, or aten op names "
@@ -376,7 +379,8 @@ def job_from(options: Mapping[str, Any]) -> Job:
         device=options["device"], dtype=options["dtype"], kwargs=options["model_kwargs"],
         optimizer_kwargs=options["optimizer_kwargs"], optimizer_impl=options["optimizer_impl"],
         amp=options["amp"], checkpoint=options["checkpoint_classes"], checkpoint_every=options["checkpoint_every"],
-        checkpoint_save=options["checkpoint_save"], grad_accum=options["grad_accum"],
+        checkpoint_save=options["checkpoint_save"], checkpoint_blocks=options["checkpoint_blocks"],
+        grad_accum=options["grad_accum"],
         gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
         assume=dict(parse_assumption(a) for a in options["assumptions"]),
         hf_config=hf_config, preset=options["preset"],

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from graphmem.errors import UserInputError
 
-__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "MAX_INT", "MAX_TENSOR_BYTES", "dtype_name", "input_dims", "input_symbol",
-           "parse_sweep", "read_input_spec", "substitute", "validate_inputs"]
+__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "MAX_INT", "MAX_TENSOR_BYTES", "dtype_name", "format_blocks", "input_dims",
+           "input_symbol", "parse_blocks", "parse_sweep", "read_input_spec", "substitute", "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's name of it.
 DTYPE_NAMES: dict[str, str] = {
@@ -179,3 +179,40 @@ def validate_inputs(texts: Sequence[str], *, symbolic: bool | None) -> str | Non
         raise UserInputError(f"input {list(texts)!r} has a symbolic dimension {symbol!r}; give numbers, "
                              f"or search it with graphmem max-batch / max-seq")
     return symbol
+
+
+_BLOCKS_RE = re.compile(r"^\d+(-\d+)?$")
+
+
+def parse_blocks(text: str) -> tuple[int, ...]:
+    """``--checkpoint-blocks``: ``"0-3,6"`` -> ``(0, 1, 2, 3, 6)`` (0-based block indices,
+    ranges inclusive); ``""`` -> ``()``.
+
+    Raises:
+        UserInputError: a part that is no index or range, a range that runs backwards, or an
+            index given twice.
+    """
+    found: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if not _BLOCKS_RE.match(part):
+            raise UserInputError(f"--checkpoint-blocks: {part!r} is no block index or range; expected "
+                                 "indices and ranges from 0, e.g. 0-3,6")
+        first, _, last = part.partition("-")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise UserInputError(f"--checkpoint-blocks: the range {part!r} runs backwards; write it {high}-{low}")
+        found += range(low, high + 1)
+    if len(set(found)) != len(found):
+        raise UserInputError(f"--checkpoint-blocks: {text!r} names a block twice")
+    return tuple(sorted(found))
+
+
+def format_blocks(blocks: Sequence[int]) -> str:
+    """``(0, 1, 2, 3, 6)`` -> ``"0-3,6"``: block indices as ``--checkpoint-blocks`` takes them."""
+    runs: list[list[int]] = []
+    for block in sorted(blocks):
+        if runs and block == runs[-1][1] + 1:
+            runs[-1][1] = block
+        else:
+            runs.append([block, block])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -20,6 +20,7 @@ from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
 from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, DEVICES, SDPA_CHOICES
 from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quantize_base
+from graphmem.job.grammar import parse_blocks
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
@@ -151,6 +152,8 @@ class Job:
         for key in ("checkpoint", "checkpoint_save"):
             if key in step:
                 step[key] = _class_names(step[key])
+        if "checkpoint_blocks" in step:
+            step["checkpoint_blocks"] = _blocks(step["checkpoint_blocks"])
         if "kwargs" in changes:
             changes["model_kwargs"] = dict(changes.pop("kwargs") or {})
         if "inputs" in changes:
@@ -172,7 +175,8 @@ def make_job(model: str | ModelSource | None = None,
              dtype: torch.dtype | str | None = None, kwargs: Mapping[str, Any] | None = None,
              optimizer_kwargs: Mapping[str, Any] | None = None, optimizer_impl: str = "auto",
              amp: str | None = None, checkpoint: Sequence[str] | str = (), checkpoint_every: int = 1,
-             checkpoint_save: Sequence[str] | str = (), grad_accum: int = 1,
+             checkpoint_save: Sequence[str] | str = (), checkpoint_blocks: Sequence[int] | str = (),
+             grad_accum: int = 1,
              gpu: str | None = None, sdpa: str = "auto", alloc_conf: str | None = None,
              assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
              preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
@@ -212,6 +216,7 @@ def make_job(model: str | ModelSource | None = None,
     step = StepConfig(optimizer=optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}),
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=_class_names(checkpoint),
                       checkpoint_every=checkpoint_every, checkpoint_save=_class_names(checkpoint_save),
+                      checkpoint_blocks=_blocks(checkpoint_blocks),
                       grad_accum=grad_accum)
     if isinstance(generate, str):
         generate = parse_generate(generate, batch)
@@ -253,6 +258,11 @@ def _input_texts(inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | 
         inputs = [inputs]
     return tuple(str(InputSpec(tuple(spec.shape), spec.dtype)) if isinstance(spec, torch.Tensor) else str(spec)
                  for spec in inputs)
+
+
+def _blocks(blocks: Sequence[int] | str) -> tuple[int, ...]:
+    """``"0-3,6"`` or ``[0, 1, 2, 3, 6]`` -> ``(0, 1, 2, 3, 6)`` (graphmem.job.grammar.parse_blocks)."""
+    return parse_blocks(blocks) if isinstance(blocks, str) else tuple(sorted(int(b) for b in blocks))
 
 
 def _class_names(classes: Sequence[str] | str) -> tuple[str, ...]:

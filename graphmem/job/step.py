@@ -40,6 +40,9 @@ class StepConfig:
             (fp16 adds a torch.amp.GradScaler).
         checkpoint: class names whose modules run under non-reentrant torch.utils.checkpoint.
         checkpoint_every: checkpoint only every k-th of those modules (the 1st, k+1-th, ...).
+        checkpoint_blocks: checkpoint only these of those modules (0-based, in the model's
+            order: ``model.modules()``), in place of every k-th; empty: every k-th.  What
+            ``graphmem plan --policy`` chooses block by block.
         checkpoint_save: selective checkpointing: inside a checkpointed module, the outputs of
             these ops are saved and every other op is recomputed in backward (names from
             SAVE_CHOICES or aten op names such as ``aten.mm``); empty: recompute everything.
@@ -55,6 +58,7 @@ class StepConfig:
     checkpoint: tuple[str, ...] = ()
     checkpoint_every: int = 1
     checkpoint_save: tuple[str, ...] = ()
+    checkpoint_blocks: tuple[int, ...] = ()
     grad_accum: int = 1
     iterations: int = 2
 
@@ -68,9 +72,16 @@ class StepConfig:
                                      (self.amp or "bf16", tuple(AMP_DTYPES), "amp")):
             if value not in choices:
                 raise UserInputError(f"unknown {what} {value!r}; expected one of: {', '.join(choices)}")
-        if (self.checkpoint_every != 1 or self.checkpoint_save) and not self.checkpoint:
-            raise UserInputError("--checkpoint-every and --checkpoint-save refine --checkpoint CLASS; give the "
-                                 "class of the blocks to checkpoint too")
+        if (self.checkpoint_every != 1 or self.checkpoint_save or self.checkpoint_blocks) and not self.checkpoint:
+            raise UserInputError("--checkpoint-every, --checkpoint-blocks and --checkpoint-save refine --checkpoint "
+                                 "CLASS; give the class of the blocks to checkpoint too")
+        if self.checkpoint_blocks and self.checkpoint_every != 1:
+            raise UserInputError("--checkpoint-blocks names the blocks to checkpoint; --checkpoint-every picks "
+                                 "every k-th: give one of them")
+        if any(b < 0 for b in self.checkpoint_blocks) or len(set(self.checkpoint_blocks)) != len(
+                self.checkpoint_blocks):
+            raise UserInputError(f"--checkpoint-blocks: block indices must be distinct and >= 0, got "
+                                 f"{','.join(map(str, self.checkpoint_blocks))}")
         if self.checkpoint_every < 1:
             raise UserInputError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
         unknown = [n for n in self.checkpoint_save if n not in SAVE_CHOICES and not n.startswith("aten.")]

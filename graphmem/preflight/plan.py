@@ -37,6 +37,7 @@ from graphmem.preflight.explain import explain
 from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.generation import kv_cache_rows
 from graphmem.preflight.model_facts import model_facts
+from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, make_policy, policy_job
 from graphmem.preflight.ranking import RANKING_RULE, Departure, rank_key, rank_rows
 from graphmem.preflight.remedies import (
     accumulation_rows,
@@ -92,6 +93,7 @@ class Plan:
     world_size: int | None = None  # the GPUs the sharding rows may use (None: one, no sharding rows)
     world_source: str = ""  # where it comes from: "--world-size" or "--parallel" ("" with none)
     report: MemoryReport | None = None  # the baseline's analysis (the header's facts)
+    policy: PolicyPlan | None = None  # --policy: the checkpointing policy (then the only remedy tried)
 
     @property
     def headroom_bytes(self) -> int:
@@ -100,20 +102,25 @@ class Plan:
 
 
 def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_amount: float = 0.5,
-              group_size: int = 128) -> Plan:
-    """Predict every remedy for ``job`` against ``budget``.
+              group_size: int = 128, policy: bool = False, front_points: int = FRONT_POINTS) -> Plan:
+    """Predict every remedy for ``job`` against ``budget``; with ``policy``, only the activation
+    checkpointing policy with the least recompute that fits (graphmem.preflight.policy).
 
     Args:
         world_size: GPUs available: the ZeRO / FSDP rows shard over up to this many; None:
             the job's own (its ``--parallel``'s GPUs, or one: no sharding rows).
         prune_amount: share of each prunable weight the pruning rows remove.
         group_size: int4 quantization group size.
+        policy: choose the blocks to checkpoint (``Plan.policy``) instead of the table of remedies.
+        front_points: with ``policy``, the points of the memory/recompute front analysed.
 
     Returns:
         The Plan (sizes in bytes).
     """
     if job.generate is None:
         validate_inputs(job.inputs, symbolic=False)
+    if policy:
+        return _policy_plan(job, budget, front_points)
     ctx, both = _context(job, budget, world_size, prune_amount, group_size)
     found: list[Analysed | str] = []
     search = _batch_row(ctx, found)
@@ -136,6 +143,22 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
                 world_size=ctx.world_size,
                 world_source="--world-size" if world_size is not None else "--parallel" if job.parallel else "",
                 report=without_graphs(both))
+
+
+def _policy_plan(job: Job, budget: Budget, front_points: int) -> Plan:
+    """The plan of ``--policy``: the job as given and the checkpointing policy, no other remedy."""
+    job, block_class = policy_job(job)
+    ctx, both = _context(job, budget, None, 0.5, 128)
+    chosen = make_policy(ctx.job, budget, block_class=block_class, base=ctx.base, source=ctx.source,
+                         front_points=front_points)
+    train_peak = footprint_of(both, "train").peak_bytes if both.train else None
+    inference_peak = footprint_of(both, "inference").peak_bytes if both.inference else None
+    text = explain(both.train, both.inference, train_peak or 0, inference_peak or 0, None)
+    return Plan(target=str(both.target), mode=job.mode, device=both.device, inputs=both.inputs, budget=budget,
+                baseline=_baseline_row(ctx), rows=(), explanation=text, train_peak_bytes=train_peak,
+                inference_peak_bytes=inference_peak, bytes_per_sample=None,
+                skipped=("the other remedies: graphmem plan without --policy tries them",),
+                report=without_graphs(both), policy=chosen)
 
 
 def _distinct(rows: list[PlanRow]) -> list[PlanRow]:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
+from graphmem.job.grammar import format_blocks
 from graphmem.job.job import Job
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import MemoryReport, ModeReport
@@ -44,7 +45,8 @@ class Setup:
         optimizer / optimizer_impl / optimizer_kwargs: ``--optimizer``, ``--optimizer-impl``
             (auto: PyTorch's pick) and ``--optimizer-kwargs``.
         dtype: ``model.to(dtype)`` (``--dtype`` or the preset's); None: as the model builds it.
-        amp: ``--amp`` (bf16, fp16); checkpoint, checkpoint_every, checkpoint_save: ``--checkpoint*``.
+        amp: ``--amp`` (bf16, fp16); checkpoint, checkpoint_every, checkpoint_save,
+            checkpoint_blocks: ``--checkpoint*``.
         grad_accum: ``--grad-accum``.
         parallel / world_size: ``--parallel`` and the GPUs it spans (None: one).
         gpu: the CUDA target's GPU (None on cpu); alloc_conf: the PYTORCH_CUDA_ALLOC_CONF it
@@ -61,6 +63,7 @@ class Setup:
     checkpoint: tuple[str, ...] = ()
     checkpoint_every: int = 1
     checkpoint_save: tuple[str, ...] = ()
+    checkpoint_blocks: tuple[int, ...] = ()
     grad_accum: int = 1
     parallel: str | None = None
     world_size: int | None = None
@@ -81,7 +84,8 @@ def setup_of(job: Job) -> Setup:
                  optimizer_impl=step.optimizer_impl, optimizer_kwargs=dict(step.optimizer_kwargs),
                  dtype=str(job.dtype).removeprefix("torch.") if job.dtype is not None else None, amp=step.amp,
                  checkpoint=step.checkpoint, checkpoint_every=step.checkpoint_every,
-                 checkpoint_save=step.checkpoint_save, grad_accum=step.grad_accum,
+                 checkpoint_save=step.checkpoint_save, checkpoint_blocks=step.checkpoint_blocks,
+                 grad_accum=step.grad_accum,
                  parallel=job.parallel.text if job.parallel else None,
                  world_size=job.parallel.world_size if job.parallel else None,
                  gpu=job.gpu if job.device == "cuda" else None,
@@ -100,7 +104,9 @@ def setup_to_dict(setup: Setup, report: MemoryReport | None = None) -> dict[str,
             "optimizer_kwargs": dict(setup.optimizer_kwargs) if setup.training else None,
             "dtype": setup.dtype, "amp": setup.amp,
             "checkpoint": {"classes": list(setup.checkpoint), "every": setup.checkpoint_every,
-                           "save": list(setup.checkpoint_save)} if setup.checkpoint and setup.training else None,
+                           "save": list(setup.checkpoint_save),
+                           **({"blocks": list(setup.checkpoint_blocks)} if setup.checkpoint_blocks else {})}
+            if setup.checkpoint and setup.training else None,
             "grad_accum": setup.grad_accum if setup.training else None,
             "parallel": {"spec": setup.parallel, "world_size": setup.world_size,
                          "rank_shown": shown[0] if shown else None,
@@ -143,7 +149,9 @@ def _setup_rows(setup: Setup) -> list[list[str]]:
     if setup.checkpoint and setup.training:
         every = {1: "", 2: "2nd "}.get(setup.checkpoint_every, f"{setup.checkpoint_every}th ")
         saved = f"; keeps the outputs of {', '.join(setup.checkpoint_save)}" if setup.checkpoint_save else ""
-        rows.append(["checkpointing", f"every {every}{', '.join(setup.checkpoint)}{saved}"])
+        which = (f"blocks {format_blocks(setup.checkpoint_blocks)} of the {', '.join(setup.checkpoint)} modules"
+                 if setup.checkpoint_blocks else f"every {every}{', '.join(setup.checkpoint)}")
+        rows.append(["checkpointing", which + saved])
     if setup.grad_accum > 1 and setup.training:
         rows.append(["accumulation", f"{setup.grad_accum} micro-batches per optimizer step"])
     return rows

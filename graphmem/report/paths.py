@@ -22,7 +22,8 @@ from graphmem.report.formats import DOT_FORMATS, HTML_SUFFIXES, TIMELINE_FORMATS
 __all__ = ["OUTPUT_FORMATS", "Destination", "check_destination", "check_html_path", "check_output_path",
            "destination_of"]
 
-OUTPUT_FORMATS = {"timeline": TIMELINE_FORMATS, "snapshot": ("pickle",), "dot": DOT_FORMATS}
+OUTPUT_FORMATS = {"timeline": TIMELINE_FORMATS, "snapshot": ("pickle",), "dot": DOT_FORMATS,
+                  "policy": ("py",), "policy_curve": ("svg", "png")}
 
 # A symbolic link there is one of the process's own descriptors (/dev/stdout, /dev/fd/1,
 # /proc/self/fd/1): written as a stream, never replaced, whatever it resolves to (a shell's
@@ -100,7 +101,7 @@ def _check_folder(path: str, folder: Path) -> None:
 
 
 def check_output_path(kind: str, path: str) -> str:
-    """``path`` when its suffix suits ``kind`` (timeline, snapshot, dot), a file can be written
+    """``path`` when its suffix suits ``kind`` (timeline, snapshot, dot, policy, policy_curve), a file can be written
     there (``check_destination``) and the optional dependency that output needs is installed;
     else UserInputError naming the choices."""
     suffix = Path(path).suffix.lower().lstrip(".")
@@ -109,7 +110,7 @@ def check_output_path(kind: str, path: str) -> str:
         raise UserInputError(f"{kind} file {path!r}: unknown file type {'.' + suffix if suffix else '(none)'}; "
                              f"expected a file ending in {', '.join('.' + f for f in formats)}")
     check_destination(path)
-    if kind == "timeline":
+    if kind in ("timeline", "policy_curve"):
         require_matplotlib()
     if kind == "dot":
         require_pydot()

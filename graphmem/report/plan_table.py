@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.preflight.ranking import RANKING_RULE
+from graphmem.report.policy_text import policy_section, policy_to_dict
 from graphmem.report.preflight_text import COMPARED_NOTE, Context, context_dict, header
 from graphmem.units import format_bytes
 
@@ -59,7 +60,7 @@ def plan_to_dict(plan: Plan, context: Context) -> dict[str, Any]:
             "baseline": _row_to_dict(plan.baseline), "rows": [_row_to_dict(r) for r in plan.rows],
             "train_peak_bytes": plan.train_peak_bytes, "inference_peak_bytes": plan.inference_peak_bytes,
             "bytes_per_sample": plan.bytes_per_sample, "explanation": plan.explanation,
-            "skipped": list(plan.skipped)}
+            "skipped": list(plan.skipped), "policy": policy_to_dict(plan.policy) if plan.policy else None}
 
 
 def _world_line(plan: Plan, context: Context) -> str:
@@ -81,8 +82,9 @@ def _world_line(plan: Plan, context: Context) -> str:
 def _as_given(plan: Plan, fmt: Callable[[int], str]) -> str:
     share = f"{abs(plan.headroom_bytes) / plan.budget.total_bytes:.1%} of the budget"
     if plan.baseline.fits:
+        more = "checkpointing leaves more room (below)" if plan.policy else "the rows below leave more room"
         return (f"as given: {fmt(plan.baseline.peak_bytes)}: fits as given with {fmt(plan.headroom_bytes)} headroom "
-                f"({share}); nothing needs to change, the rows below leave more room")
+                f"({share}); nothing needs to change, {more}")
     return f"as given: {fmt(plan.baseline.peak_bytes)}, does not fit (short by {fmt(-plan.headroom_bytes)}, {share})"
 
 
@@ -94,8 +96,14 @@ def render_plan_table(plan: Plan, context: Context, units: str = "auto") -> str:
     head = "\n".join([header("plan", shown, plan.report, fmt=fmt) + "\n",
                       f"budget {fmt(plan.budget.total_bytes)} ({plan.budget.source}), margin "
                       f"{float(plan.budget.margin):.0%}: peaks up to {fmt(plan.budget.cap_bytes)} fit",
-                      *([COMPARED_NOTE] if plan.device == "cuda" else []), _world_line(plan, context),
+                      *([COMPARED_NOTE] if plan.device == "cuda" else []),
+                      *([] if plan.policy else [_world_line(plan, context)]),
                       textwrap.fill(_as_given(plan, fmt), width=100)])
+    if plan.policy is not None:
+        parts = [head, policy_section(plan.policy, fmt)]
+        if plan.explanation:
+            parts.append("Why\n" + textwrap.fill(plan.explanation, width=100))
+        return "\n\n".join(parts) + "\n"
     rows: list[list[Any]] = []
     notes: list[str] = []
     for i, row in enumerate(plan.rows, 1):

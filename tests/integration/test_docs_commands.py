@@ -19,7 +19,7 @@ DOCS = ("README.md", "docs/parallel.md", "docs/preflight.md", "docs/transformers
 # placeholders a reader fills in, not runnable as written
 _TEMPLATES = ("$", "path/to/", "train.py:")
 # options naming a file the command writes: written to the test's temporary folder, not the checkout
-_FILE_OPTIONS = ("--html", "--output", "--timeline", "--dot", "--snapshot")
+_FILE_OPTIONS = ("--html", "--output", "--timeline", "--dot", "--snapshot", "--emit-policy", "--policy-curve")
 # the preset commands over 10 s here: an 8B model's base quantized, a sweep of seven lengths, a 70B model generating
 _SLOW = ("--quantize-base", "--sweep ", "--preset llama-3-70b")
 

@@ -49,6 +49,13 @@ def test_memory_that_depends_on_the_programs_own_data() -> None:
     assert len(set(report.iteration_peaks)) == 3
 
 
+def test_accelerate_loop() -> None:
+    """A loop written for accelerate (Accelerator.prepare of model, optimizer and a shuffled
+    DataLoader; accelerator.backward), as `accelerate launch` runs it on one process."""
+    pytest.importorskip("accelerate")  # imported before both: its import-time tensors count in neither
+    _equal(PROGRAMS / "accelerate_loop.py", [])
+
+
 def test_hf_trainer_script(tmp_path: Path) -> None:
     """transformers' Trainer (loss only kept, logits freed before backward), max_steps=2."""
     pytest.importorskip("accelerate")

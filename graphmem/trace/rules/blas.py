@@ -27,8 +27,10 @@ aten = torch.ops.aten
 
 def _dense(meta: ArgMeta) -> bool:
     """``TensorImpl::compute_non_overlapping_and_dense``: the elements fill a block of memory
-    exactly once, in some order of the dimensions (size-1 dimensions ignored)."""
-    dims = sorted((stride, size) for size, stride in zip(meta.shape, meta.stride, strict=True) if size != 1)
+    exactly once, in some order of the dimensions (size-1 dimensions ignored).  Ordered by stride
+    alone, as c10 orders them: comparing sizes would tie a size symbol to a number for nothing."""
+    dims = sorted(((stride, size) for size, stride in zip(meta.shape, meta.stride, strict=True) if size != 1),
+                  key=lambda pair: pair[0])
     expected = 1
     for stride, size in dims:
         if stride != expected:
@@ -38,10 +40,11 @@ def _dense(meta: ArgMeta) -> bool:
 
 
 def _nbytes(meta: ArgMeta) -> int:
+    """The operand's bytes; a size symbol stays a symbol (no int(): that would fix its value)."""
     numel = 1
     for size in meta.shape:
         numel *= size
-    return int(numel * meta.dtype.itemsize)
+    return numel * meta.dtype.itemsize
 
 
 def _matrix_copy(meta: Any) -> int:

@@ -22,13 +22,14 @@ __all__ = ["checkpointed"]
 
 @contextlib.contextmanager
 def checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iterator[None]:
-    """Run every ``step.checkpoint_every``-th module of the named classes under non-reentrant
-    torch.utils.checkpoint; with ``step.checkpoint_save``, selectively (op outputs kept)."""
+    """Run every ``step.checkpoint_every``-th module of the named classes (or those
+    ``step.checkpoint_blocks`` names) under non-reentrant torch.utils.checkpoint; with
+    ``step.checkpoint_save``, selectively (op outputs kept)."""
     if not step.checkpoint:
         yield
         return
     paths = {id(m): name for name, m in model.named_modules()}
-    targets = _modules_of(model, step.checkpoint)[::step.checkpoint_every]
+    targets = _chosen(_modules_of(model, step.checkpoint), step)
     context = selective_policy(step.checkpoint_save) if step.checkpoint_save else None
     for module in targets:
         module.forward = functools.partial(_checkpoint_call, module.forward,
@@ -65,6 +66,21 @@ def _modules_of(model: nn.Module, class_names: tuple[str, ...]) -> list[nn.Modul
         raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
                              f"model; its classes are: {', '.join(available)}")
     return found
+
+
+def _chosen(modules: list[nn.Module], step: StepConfig) -> list[nn.Module]:
+    """Every ``checkpoint_every``-th of ``modules``, or those ``checkpoint_blocks`` names.
+
+    Raises:
+        UserInputError: a block index past the modules of the named classes.
+    """
+    if not step.checkpoint_blocks:
+        return modules[::step.checkpoint_every]
+    past = [b for b in step.checkpoint_blocks if b >= len(modules)]
+    if past:
+        raise UserInputError(f"--checkpoint-blocks: no block {', '.join(map(str, past))}; the model has "
+                             f"{len(modules)} modules of class {', '.join(step.checkpoint)} (0 to {len(modules) - 1})")
+    return [modules[b] for b in sorted(step.checkpoint_blocks)]
 
 
 def _checkpoint_call(forward: Any, path: str, recorder: Recorder, context: Callable[[], Any] | None,

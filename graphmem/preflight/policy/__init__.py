@@ -1,0 +1,33 @@
+"""``graphmem plan --policy``: the activation-checkpointing policy with the least recompute whose
+peak fits a budget, block by block, verified by analysis.
+
+Input: a ``Job`` (training, one device) and a ``Budget``.  Output: a frozen ``PolicyPlan``: the
+chosen blocks, the peak that an analysis of the job with them checkpointed gives (never a
+predicted number alone), the recompute FLOPs, and the front of policies where no other has both
+less memory and less recompute.
+
+The rooms, each importing only those before it:
+
+- ``runs``: a recorded step cut into runs of ops, each run inside one block or outside all.
+- ``composite``: the peak of any per-block choice, from four recordings of the step (no block
+  checkpointed, every block, every even one, every odd one), storage by storage.
+- ``solve``: the choice with the least recompute under a cap, as an integer program (PuLP's CBC).
+- ``search``: the recordings, the solver, and the analysis that verifies what it chose.
+
+Knows nothing of rendering or of the command line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphmem._lazy import lazy_exports
+
+__all__ = ["CheckpointChoice", "PolicyPlan", "make_policy"]
+
+if TYPE_CHECKING:
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, make_policy
+
+__getattr__ = lazy_exports(globals(), {
+    "graphmem.preflight.policy.search": ("CheckpointChoice", "PolicyPlan", "make_policy"),
+})

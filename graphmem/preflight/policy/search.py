@@ -1,0 +1,313 @@
+"""``make_policy``: record the step four ways, solve for the least recompute under the budget, and
+analyse the job with the chosen blocks checkpointed.
+
+Input: a training ``Job`` on one device (its model resolved), a ``Budget``, the class of the
+blocks.  Output: a frozen ``PolicyPlan``.  Every peak it holds comes from an analysis of the job
+with that choice applied (``--checkpoint CLASS --checkpoint-blocks ...``, as ``graphmem analyze``
+runs it), never from the composite alone; the composite's number is kept beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from graphmem import progress
+from graphmem.errors import UnsupportedError, UserInputError
+from graphmem.job.grammar import format_blocks
+from graphmem.job.job import Job
+from graphmem.job.load import ModelSource, build_model
+from graphmem.memory.results import without_graphs
+from graphmem.preflight.budget import Budget
+from graphmem.preflight.policy.composite import Composite, Recorded, build_composite
+from graphmem.preflight.policy.solve import SOLVER, pareto_front
+from graphmem.preflight.search import Prediction, predict
+from graphmem.workers import fork_map
+
+__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "make_policy", "policy_job"]
+
+FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointChoice:
+    """One per-block choice, analysed.
+
+    Attributes:
+        blocks: the checkpointed blocks (0-based, among the modules of the class in the model's
+            order), as ``--checkpoint-blocks`` takes them.
+        peak_bytes: the analysed peak, what the budget compares (graphmem/preflight/footprint.py).
+        predicted_bytes: the composite's peak for it (tensor bytes), before the analysis.
+        recompute_flops: FLOPs the analysis recomputed (both recorded iterations).
+        extra_compute: recompute_flops over the job's own FLOPs (0.25: a quarter more).
+        fits: peak_bytes fits the budget.
+    """
+
+    blocks: tuple[int, ...]
+    peak_bytes: int
+    predicted_bytes: int
+    recompute_flops: int
+    extra_compute: float
+    fits: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyPlan:
+    """``plan --policy``'s answer.
+
+    Attributes:
+        block_class: the class whose modules are the blocks.
+        block_paths: the blocks' module paths, in the model's order.
+        chosen: the least recompute whose analysed peak fits; None when none fits.
+        lowest: the lowest peak any choice reaches (analysed), the least recompute among equals.
+        front: analysed points of the front (no other choice has both less recompute and a lower
+            peak), the fewest recompute first; ``front_size``: the front's points in all.
+        baseline_bytes: the job as given (no block checkpointed).
+        exact: the composite was exact by its own checks (composite.py); ``notes`` say where not.
+        transformers: the model is a transformers PreTrainedModel (the emitted file says how to
+            turn its own checkpointing on for these layers).
+        recordings: analyses the composite read; ``analyses``: analyses that verified choices.
+    """
+
+    block_class: str
+    block_paths: tuple[str, ...]
+    budget: Budget
+    chosen: CheckpointChoice | None
+    lowest: CheckpointChoice
+    front: tuple[CheckpointChoice, ...]
+    front_size: int
+    baseline_bytes: int
+    exact: bool
+    notes: tuple[str, ...]
+    transformers: bool
+    solver: str
+    recordings: int
+    analyses: int
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_paths)
+
+
+def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
+                source: ModelSource | None = None, front_points: int = FRONT_POINTS) -> PolicyPlan:
+    """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
+
+    Args:
+        job: a training job on one device, its model resolved (no string), without checkpointing
+            options but ``--checkpoint CLASS`` naming the blocks' class.
+        block_class: the class whose modules are the blocks (default: the job's ``--checkpoint``
+            class, else the model's outermost repeated block class).
+        base: the job's own analysis, when already made.
+        front_points: points of the front to analyse (the chosen and the lowest always are).
+
+    Returns:
+        The PolicyPlan (bytes; peaks analysed).
+
+    Raises:
+        UserInputError: the job is no single-device training step, or its model has no blocks.
+        UnsupportedError: the recordings do not line up (composite.py).
+    """
+    source = source if source is not None else job.model  # type: ignore[assignment]
+    if source is None or isinstance(source, str):
+        raise AssertionError(f"make_policy: the job's model must be resolved, got {source!r}")
+    model = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
+    cls, paths = _blocks(job, model, block_class)
+    job = policy_job(job)[0]
+    cache = _uses_cache(model)
+    with progress.labelled("checkpointing policy"):
+        base = base or _analyse(job)
+        recorded, done = _recordings(job, cls, len(paths), cache, base)
+        composite = build_composite(recorded, paths)
+        front = pareto_front(composite)
+        verify = _Verifier(job, cls, composite, budget, base, done)
+        return _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
+
+
+def policy_job(job: Job) -> tuple[Job, str | None]:
+    """``job`` without checkpointing, and the blocks' class its ``--checkpoint`` names (None: none).
+
+    Raises:
+        UserInputError: no single-device training step, or checkpointing options beyond one class.
+        UnsupportedError: ``--parallel`` (not yet).
+    """
+    if job.mode != "train" or job.generate is not None:
+        raise UserInputError("--policy chooses activation checkpointing for training: use --mode train")
+    if job.parallel is not None:
+        raise UnsupportedError("--policy with --parallel: not yet; choose the policy on one device, then "
+                               "analyse it with --parallel and --checkpoint-blocks")
+    step = job.step
+    if step.checkpoint_every != 1 or step.checkpoint_save or step.checkpoint_blocks or len(step.checkpoint) > 1:
+        raise UserInputError("--policy chooses the blocks to checkpoint: give at most --checkpoint CLASS (the "
+                             "blocks' class), not --checkpoint-every, --checkpoint-blocks or --checkpoint-save")
+    return job.updated(checkpoint=[]), (step.checkpoint[0] if step.checkpoint else None)
+
+
+def _blocks(job: Job, model: nn.Module, block_class: str | None) -> tuple[str, tuple[str, ...]]:
+    """The blocks' class (``block_class``, else the job's ``--checkpoint`` class, else the model's
+    outermost repeated block class) and their module paths, in the model's order."""
+    job, named = policy_job(job)
+    cls = block_class or named or _outermost(model)
+    paths = tuple(name for name, m in model.named_modules()
+                  if cls in {type(m).__name__, *(b.__name__ for b in type(m).__bases__)})
+    if not paths:
+        raise UserInputError(f"--policy: no module of class {cls} in the model")
+    return cls, paths
+
+
+def _outermost(model: nn.Module) -> str:
+    from graphmem.preflight.model_facts import block_classes
+
+    classes = block_classes(model)
+    if not classes:
+        raise UserInputError("--policy: the model has no repeated blocks to checkpoint (no class with two or "
+                             "more modules that have children); name one with --checkpoint CLASS")
+    return classes[0]
+
+
+def _is_transformers(model: nn.Module) -> bool:
+    """A transformers PreTrainedModel (by its class's module, so transformers need not be imported)."""
+    return any(base.__module__.startswith("transformers.") and base.__name__ == "PreTrainedModel"
+               for base in type(model).__mro__)
+
+
+def _uses_cache(model: nn.Module) -> bool:
+    """A transformers model whose config keeps a KV cache in training: checkpointing turns it off
+    (graphmem.trace.step.checkpointing, as transformers does), so the recordings do too."""
+    return bool(getattr(getattr(model, "config", None), "use_cache", False))
+
+
+def _uncached(job: Job) -> Job:
+    """``job`` with its model's ``config.use_cache`` off, as checkpointing any block sets it."""
+    source, kwargs, hf_config, device = job.model, job.model_kwargs, job.hf_config, job.device
+
+    def build() -> nn.Module:
+        model = (copy.deepcopy(source) if isinstance(source, nn.Module)
+                 else build_model(source, kwargs, hf_config, device=device))  # type: ignore[arg-type]
+        config: Any = model.config
+        config.use_cache = False
+        return model
+
+    build.__qualname__ = f"uncached({getattr(source, '__qualname__', type(source).__name__)})"
+    return job.updated(model=build, model_kwargs={}, hf_config=None, preset=None)
+
+
+def _with_blocks(job: Job, cls: str, blocks: Sequence[int]) -> Job:
+    """``job`` with ``blocks`` of class ``cls`` checkpointed (none: the job itself)."""
+    return job.updated(checkpoint=[cls], checkpoint_blocks=list(blocks)) if blocks else job
+
+
+def _analyse(job: Job) -> Prediction:
+    made = predict(job, checkpoint_comparison=False)
+    return Prediction(made.peak_bytes, without_graphs(made.report))
+
+
+def _analyse_in_worker(item: tuple[Job, str, int]) -> Prediction:
+    job, label, parent = item
+    if os.getpid() != parent:
+        progress.mute()
+    with progress.labelled(label):
+        return _analyse(job)
+
+
+def _analyse_all(jobs: Sequence[tuple[Job, str]]) -> list[Prediction]:
+    """Each job analysed, side by side in worker processes where there are cores."""
+    return fork_map(_analyse_in_worker, [(job, label, os.getpid()) for job, label in jobs],
+                    what="analysing a checkpointing choice")
+
+
+def _recordings(job: Job, cls: str, n: int, cache: bool, base: Prediction
+                ) -> tuple[list[Recorded], dict[tuple[int, ...], Prediction]]:
+    """The step with no block, every block, every even and every odd block checkpointed (with no
+    block, the KV cache off where checkpointing turns it off); the analyses by choice."""
+    patterns = list(dict.fromkeys([tuple(range(n)), tuple(range(0, n, 2)), tuple(range(1, n, 2))]))
+    patterns = [p for p in patterns if p]
+    jobs = [(_with_blocks(job, cls, p), f"recording with blocks {format_blocks(p)} checkpointed") for p in patterns]
+    if cache:
+        jobs.append((_uncached(job), "recording with no block checkpointed and the KV cache off"))
+    made = _analyse_all(jobs)
+    done = {tuple(int(i in p) for i in range(n)): m for p, m in zip(patterns, made, strict=False)}
+    unchecked = made[-1] if cache else base
+    recorded = [Recorded(tuple([0] * n), _train(unchecked))]
+    recorded += [Recorded(choice, _train(m)) for choice, m in done.items()]
+    return recorded, {tuple([0] * n): base, **done}
+
+
+def _train(prediction: Prediction) -> Any:
+    mode = prediction.report.train
+    assert mode is not None, "make_policy: a training analysis"
+    return mode
+
+
+class _Verifier:
+    """Analyses choices (each once) and turns them into CheckpointChoices."""
+
+    def __init__(self, job: Job, cls: str, composite: Composite, budget: Budget, base: Prediction,
+                 done: Mapping[tuple[int, ...], Prediction]) -> None:
+        self.job, self.cls, self.composite, self.budget = job, cls, composite, budget
+        self.flops = _train(base).flops
+        self.done: dict[tuple[int, ...], Prediction] = dict(done)
+        self.analyses = 0  # made here, to verify
+
+
+    def analyse(self, choices: Sequence[tuple[int, ...]]) -> None:
+        todo = [c for c in dict.fromkeys(choices) if c not in self.done]
+        jobs = [(_with_blocks(self.job, self.cls, _blocks_of(c)),
+                 f"analysing blocks {format_blocks(_blocks_of(c)) or 'none'} checkpointed") for c in todo]
+        self.done.update(zip(todo, _analyse_all(jobs), strict=True))
+        self.analyses += len(todo)
+
+    def choice(self, choice: tuple[int, ...]) -> CheckpointChoice:
+        self.analyse([choice])
+        made = self.done[choice]
+        recompute = _train(made).recompute_flops
+        return CheckpointChoice(blocks=_blocks_of(choice), peak_bytes=made.peak_bytes,
+                                predicted_bytes=self.composite.peak(choice), recompute_flops=recompute,
+                                extra_compute=recompute / self.flops if self.flops else 0.0,
+                                fits=self.budget.fits(made.peak_bytes))
+
+
+def _blocks_of(choice: Sequence[int]) -> tuple[int, ...]:
+    return tuple(i for i, v in enumerate(choice) if v)
+
+
+def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]]) -> CheckpointChoice | None:
+    """The first point of the front, by recompute, whose analysed peak fits.  The composite's
+    peak passes over the points that cannot fit (what the budget compares is never below the
+    tensor bytes); the analysis decides for the others, in order (on the CPU the first is the
+    answer wherever the composite is exact)."""
+    for choice in front:
+        if verify.budget.fits(verify.composite.peak(choice)):
+            made = verify.choice(choice)
+            if made.fits:
+                return made
+    return None
+
+
+def _spread(front: Sequence[tuple[int, ...]], most: int, keep: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """At most ``most`` points of ``front`` (and those of ``keep``), evenly spread, in its order."""
+    if len(front) <= most:
+        return list(front)
+    step = (len(front) - 1) / max(most - 1, 1)
+    picked = {front[round(k * step)] for k in range(most)} | set(keep)
+    return [c for c in front if c in picked]
+
+
+def _answer(verify: _Verifier, front: list[tuple[int, ...]], cls: str, paths: tuple[str, ...], points: int,
+            transformers: bool, recordings: int) -> PolicyPlan:
+    n = len(paths)
+    chosen = _chosen(verify, front)
+    lowest = verify.choice(front[-1])
+    keep = [front[-1], *([tuple(int(i in chosen.blocks) for i in range(n))] if chosen else [])]
+    shown = _spread(front, points, keep)
+    verify.analyse(shown)
+    return PolicyPlan(block_class=cls, block_paths=paths, budget=verify.budget, chosen=chosen, lowest=lowest,
+                      front=tuple(verify.choice(c) for c in shown), front_size=len(front),
+                      baseline_bytes=verify.choice(tuple([0] * n)).peak_bytes, exact=verify.composite.exact,
+                      notes=verify.composite.notes, transformers=transformers, solver=SOLVER,
+                      recordings=recordings, analyses=verify.analyses)

@@ -1,0 +1,172 @@
+"""Stage 4 for ``graphmem plan --policy --emit-policy FILE``: the chosen checkpointing policy as a
+small Python module the user pastes or imports.
+
+Input: a ``PolicyPlan`` and how the job was described.  Output: the module's text.  It holds the
+blocks to checkpoint, ``apply_policy(model)`` (each chosen block's forward under non-reentrant
+``torch.utils.checkpoint``, exactly as graphmem analysed it: graphmem.trace.step.checkpointing),
+a ``policy_fn`` for ``create_selective_checkpoint_contexts`` (here every op is recomputed: the
+per-block choice checkpoints whole blocks), torchtitan's activation-checkpointing settings where
+its config can say the same, and for a transformers model the calls of its own checkpointing.
+The text imports only torch; it is checked by running it (tests/integration/test_checkpoint_policy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from graphmem.units import format_bytes
+
+if TYPE_CHECKING:
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
+
+__all__ = ["render_policy_module", "torchtitan_settings"]
+
+
+def torchtitan_settings(blocks: Sequence[int], total: int) -> dict[str, str] | None:
+    """torchtitan's ``[activation_checkpoint]`` settings that checkpoint exactly ``blocks`` of
+    ``total`` layers, or None where its config cannot say it.  torchtitan (``apply_ac``) wraps
+    every layer with ``mode = "full"``, and with ``mode = "selective"`` and a number k as
+    ``selective_ac_option`` the layers whose count from 1 is a multiple of k (0-based: k-1,
+    2k-1, ...); ``"none"`` wraps none."""
+    chosen = set(blocks)
+    if not chosen:
+        return {"mode": "none"}
+    if chosen == set(range(total)):
+        return {"mode": "full"}
+    for every in range(2, total + 1):
+        if chosen == {i for i in range(total) if (i + 1) % every == 0}:
+            return {"mode": "selective", "selective_ac_option": str(every)}
+    return None
+
+
+def _torchtitan_lines(blocks: Sequence[int], total: int) -> list[str]:
+    settings = torchtitan_settings(blocks, total)
+    if settings is None:
+        return ["# torchtitan: its config checkpoints every layer (mode = \"full\") or every k-th (mode =",
+                "# \"selective\", selective_ac_option = \"k\": layers k-1, 2k-1, ...); this choice is neither.",
+                "# Call apply_policy(model) in your parallelize function instead of apply_ac.",
+                "TORCHTITAN_ACTIVATION_CHECKPOINT = None"]
+    toml = [f'# {key} = "{value}"' for key, value in settings.items()]
+    return ["# torchtitan: the same choice as its job config's [activation_checkpoint] section:",
+            "# [activation_checkpoint]", *toml,
+            f"TORCHTITAN_ACTIVATION_CHECKPOINT = {settings!r}"]
+
+
+_HEAD = '''"""Activation checkpointing chosen by graphmem plan --policy: the least recompute whose peak
+fits the budget, block by block.
+
+{summary}
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+# the blocks are the modules of this class, in model.modules() order (0-based)
+BLOCK_CLASS = {cls!r}
+BLOCKS = {count}  # in the model analysed
+CHECKPOINTED = {blocks!r}  # as graphmem's --checkpoint-blocks {spec}
+'''
+
+_BODY = '''
+
+def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's blocks: its modules of BLOCK_CLASS (or of a class built on it, as FSDP2's
+    fully_shard makes FSDPBlock from Block), in order."""
+    def names(module: torch.nn.Module) -> set[str]:
+        return {{type(module).__name__, *(base.__name__ for base in type(module).__bases__)}}
+    return [m for m in model.modules() if BLOCK_CLASS in names(m)]
+
+
+def policy_fn(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """The per-op policy of torch.utils.checkpoint.create_selective_checkpoint_contexts inside a
+    checkpointed block: this choice saves no op's output, so every op is recomputed (what
+    checkpointing without a policy does too)."""
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def context_fn() -> Any:
+    """``context_fn`` for torch.utils.checkpoint.checkpoint: selective checkpointing with policy_fn."""
+    return create_selective_checkpoint_contexts(policy_fn)
+
+
+def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_policy(model: torch.nn.Module) -> torch.nn.Module:
+    """Run each chosen block's forward under non-reentrant torch.utils.checkpoint, as graphmem
+    analysed it; call before the optimizer is built (and before torch.compile or FSDP2).  A
+    transformers model's KV cache is turned off while training, as its own checkpointing does."""
+    found = blocks_of(model)
+    if len(found) != BLOCKS:
+        raise ValueError(f"the model has {{len(found)}} modules of class {{BLOCK_CLASS}}; this policy was chosen "
+                         f"for {{BLOCKS}}")
+    config = getattr(model, "config", None)
+    if CHECKPOINTED and getattr(config, "use_cache", False):
+        config.use_cache = False
+    for index in CHECKPOINTED:
+        block = found[index]
+        block.forward = functools.partial(_checkpointed, block.forward)
+    return model
+'''
+
+_TRANSFORMERS = '''
+
+def enable_transformers_checkpointing(model: Any) -> Any:
+    """The same choice with the transformers model's own checkpointing: turned on for every layer
+    (non-reentrant), then off for the layers not chosen.  Use it instead of apply_policy."""
+    model.config.use_cache = False
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers 5 names it so
+        enable(activation_checkpointing_kwargs={{"use_reentrant": False}})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
+    for index, layer in enumerate(blocks_of(model)):
+        layer.gradient_checkpointing = index in CHECKPOINTED
+    return model
+'''
+
+
+def _summary(policy: PolicyPlan, chosen: CheckpointChoice, described: str) -> str:
+    budget = policy.budget
+    return "\n".join([
+        f"Job: {described}",
+        f"Budget: {format_bytes(budget.total_bytes)} ({budget.source}), margin {float(budget.margin):.0%}: "
+        f"peaks up to {format_bytes(budget.cap_bytes)} fit.",
+        f"Analysed peak with this policy: {chosen.peak_bytes:,} B ({format_bytes(chosen.peak_bytes)}); "
+        f"{'fits' if chosen.fits else 'DOES NOT FIT: the lowest peak any choice reaches'}.",
+        f"As given (no block checkpointed): {policy.baseline_bytes:,} B ({format_bytes(policy.baseline_bytes)}).",
+        f"Recomputed: {chosen.recompute_flops:,} FLOPs over the two recorded iterations "
+        f"({chosen.extra_compute:+.1%} of the step's FLOPs).",
+        f"Check it: graphmem analyze ... --checkpoint {policy.block_class} --checkpoint-blocks "
+        f"{_spec(chosen.blocks)}",
+    ])
+
+
+def _spec(blocks: Sequence[int]) -> str:
+    from graphmem.job.grammar import format_blocks
+
+    return format_blocks(blocks) or "(none)"
+
+
+def render_policy_module(policy: PolicyPlan, described: str) -> str:
+    """The Python module of ``policy``'s choice (the lowest peak when nothing fits).
+
+    Args:
+        policy: the plan's checkpointing policy.
+        described: the job in words (target and inputs), for the module's docstring.
+    """
+    chosen = policy.chosen if policy.chosen is not None else policy.lowest
+    text = _HEAD.format(summary=_summary(policy, chosen, described), cls=policy.block_class,
+                        count=policy.blocks, blocks=tuple(chosen.blocks), spec=_spec(chosen.blocks))
+    text += "\n".join(["", *_torchtitan_lines(chosen.blocks, policy.blocks)]) + "\n"
+    text += _BODY.format()
+    if policy.transformers:
+        text += _TRANSFORMERS.format()
+    return text

@@ -1,0 +1,94 @@
+"""Stage 4 for ``graphmem plan --policy``: the checkpointing policy as text (a section of the plan's
+table) and as JSON (the plan's ``policy`` field).  Sizes in bytes in JSON, by ``--units`` in text."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from graphmem.job.grammar import format_blocks
+from graphmem.report.policy_file import torchtitan_settings
+
+if TYPE_CHECKING:
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
+
+__all__ = ["choice_to_dict", "policy_section", "policy_to_dict"]
+
+
+def _blocks(choice: CheckpointChoice) -> str:
+    return format_blocks(choice.blocks) or "none"
+
+
+def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
+    return {"blocks": list(choice.blocks), "checkpoint_blocks": format_blocks(choice.blocks),
+            "peak_bytes": choice.peak_bytes, "predicted_bytes": choice.predicted_bytes,
+            "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits}
+
+
+def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
+    """The JSON object of ``plan --policy``'s choice (``chosen`` null when none fits)."""
+    chosen = policy.chosen
+    return {"block_class": policy.block_class, "block_paths": list(policy.block_paths),
+            "fits": chosen is not None,
+            "chosen": choice_to_dict(chosen) if chosen is not None else None,
+            "lowest": choice_to_dict(policy.lowest), "front": [choice_to_dict(c) for c in policy.front],
+            "front_size": policy.front_size, "baseline_peak_bytes": policy.baseline_bytes,
+            "torchtitan": torchtitan_settings((chosen or policy.lowest).blocks, policy.blocks),
+            "exact": policy.exact, "notes": list(policy.notes), "solver": policy.solver,
+            "recordings": policy.recordings, "analyses": policy.analyses}
+
+
+def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
+    budget = policy.budget
+    chosen, lowest = policy.chosen, policy.lowest
+    if chosen is None:
+        short = budget.required_bytes(lowest.peak_bytes) - budget.total_bytes
+        return (f"NO CHOICE FITS: the lowest peak any choice of the {policy.blocks} {policy.block_class} modules "
+                f"reaches is {fmt(lowest.peak_bytes)} (blocks {_blocks(lowest)} checkpointed, "
+                f"{lowest.extra_compute:+.1%} compute), short by {fmt(short)}; "
+                "checkpointing alone cannot make it fit: graphmem plan without --policy lists the other remedies")
+    if not chosen.blocks:
+        return (f"FITS with no block checkpointed: {fmt(chosen.peak_bytes)}, "
+                f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom")
+    return (f"CHECKPOINT BLOCKS {_blocks(chosen)} ({len(chosen.blocks)} of {policy.blocks} {policy.block_class}): "
+            f"peak {fmt(chosen.peak_bytes)} (analysed), fits with "
+            f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom; recomputes "
+            f"{chosen.recompute_flops:,} FLOPs ({chosen.extra_compute:+.1%} compute). The least recompute that "
+            f"fits. Run it: --checkpoint {policy.block_class} --checkpoint-blocks {format_blocks(chosen.blocks)}")
+
+
+def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
+    rows = []
+    for point in policy.front:
+        mark = "<- chosen" if policy.chosen is not None and point.blocks == policy.chosen.blocks else ""
+        rows.append([_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}",
+                     "0" if not point.recompute_flops else f"{point.extra_compute:+.1%}",
+                     "yes" if point.fits else "no", mark])
+    shown = (f"{len(policy.front)} points, all analysed" if len(policy.front) == policy.front_size
+             else f"{len(policy.front)} of its {policy.front_size} points, analysed (--front-points N for more)")
+    title = textwrap.fill("Memory against recompute: the front, where no choice has both less recompute and a "
+                          f"lower peak ({shown})", width=100)
+    return title + "\n" + str(tabulate(rows, tablefmt="simple", headers=[
+        "blocks checkpointed", "blocks", "peak", "recomputed FLOPs", "extra compute", "fits", ""]))
+
+
+def _how(policy: PolicyPlan) -> str:
+    same = all(p.predicted_bytes == p.peak_bytes for p in policy.front if p.blocks)
+    exact = ("the composite equals the analysis for every choice shown" if same
+             else "the composite differs from the analysis for some choices shown (peak_bytes decides)")
+    notes = f" Not exact: {'; '.join(policy.notes)}." if policy.notes else ""
+    return textwrap.fill(
+        f"How: {policy.recordings} recordings of the step (no block, every block, every even and every odd block "
+        f"checkpointed) give the peak of every choice of the {policy.blocks} {policy.block_class} modules, storage by "
+        f"storage (graphmem/preflight/policy/composite.py); {policy.solver} picks the least recompute under the "
+        f"budget; every peak above is an analysis of the job with those blocks checkpointed "
+        f"({policy.analyses} more analyses); {exact}.{notes} Extra compute: recomputed FLOPs over the step's "
+        "(torch.utils.flop_counter's formulas).", width=100)
+
+
+def policy_section(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
+    """The policy's verdict, the front as a table, and how it was found."""
+    return "\n\n".join([textwrap.fill(_verdict(policy, fmt), width=100), _curve(policy, fmt), _how(policy)])

@@ -1,0 +1,86 @@
+"""The checkpointing policy's integer program (graphmem.preflight.policy.solve) against exhaustive
+search over every per-block choice, on composites built by hand: random tables per run, far
+terms, and tensors held while any of some blocks is checkpointed."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from graphmem.errors import UserInputError
+from graphmem.job.grammar import format_blocks, parse_blocks
+from graphmem.preflight.policy.composite import Composite, RunBound
+from graphmem.preflight.policy.solve import least_peak, least_recompute, pareto_front
+from graphmem.report.policy_file import torchtitan_settings
+from tests.optional import needs
+
+
+def _random_composite(seed: int, blocks: int) -> Composite:
+    rng = random.Random(seed)
+    bounds = []
+    for run in range(3 * blocks):
+        near = tuple(sorted(rng.sample(range(blocks), rng.randint(1, min(3, blocks)))))
+        local = {combo: rng.randrange(10**8, 2 * 10**8) for combo in itertools.product(range(2), repeat=len(near))}
+        far = {(j, v): rng.randrange(0, 10**7) for j in range(blocks) if j not in near for v in range(2)
+               if rng.random() < 0.7}
+        held = ((rng.randrange(10**5, 10**6), tuple(rng.sample(range(blocks), 2))),) if rng.random() < 0.3 \
+            else ()
+        bounds.append(RunBound(run, near, local, far, held))
+    cost = tuple((0, rng.randrange(1, 50) * 2**20) for _ in range(blocks))
+    return Composite(blocks, 2, tuple(bounds), cost, exact=True, notes=())
+
+
+def _brute(composite: Composite, cap: int) -> tuple[int, int] | None:
+    """(least recompute, lowest peak among those) over every choice under ``cap``, or None."""
+    fits = [(composite.recompute(c), composite.peak(c)) for c in itertools.product(range(2), repeat=composite.blocks)
+            if composite.peak(c) <= cap]
+    return min(fits) if fits else None
+
+
+@needs("pulp")
+@pytest.mark.parametrize("seed", range(6))
+def test_least_recompute_is_the_exhaustive_optimum(seed: int) -> None:
+    composite = _random_composite(seed, blocks=6)
+    peaks = sorted({composite.peak(c) for c in itertools.product(range(2), repeat=6)})
+    for cap in [peaks[0] - 1, peaks[0], peaks[len(peaks) // 3], peaks[len(peaks) // 2], peaks[-1]]:
+        found = least_recompute(composite, cap)
+        expected = _brute(composite, cap)
+        if expected is None:
+            assert found is None
+        else:
+            assert found is not None and (composite.recompute(found), composite.peak(found)) == expected
+
+
+@needs("pulp")
+def test_front_and_lowest_peak() -> None:
+    composite = _random_composite(11, blocks=5)
+    choices = list(itertools.product(range(2), repeat=5))
+    front = pareto_front(composite)
+    points = [(composite.recompute(c), composite.peak(c)) for c in front]
+    # every choice is dominated by (or equal to) a point of the front; the points strictly improve
+    for c in choices:
+        assert any(r <= composite.recompute(c) and p <= composite.peak(c) for r, p in points)
+    assert all(a[0] < b[0] and a[1] > b[1] for a, b in itertools.pairwise(points))
+    lowest = least_peak(composite)
+    assert composite.peak(lowest) == min(composite.peak(c) for c in choices) == points[-1][1]
+
+
+def test_block_lists() -> None:
+    assert parse_blocks("0-3,6") == (0, 1, 2, 3, 6)
+    assert parse_blocks("") == ()
+    assert format_blocks((6, 0, 1, 2, 3)) == "0-3,6"
+    assert format_blocks(()) == ""
+    for bad in ("3-1", "1,1", "a", "-2"):
+        with pytest.raises(UserInputError, match="--checkpoint-blocks"):
+            parse_blocks(bad)
+
+
+def test_torchtitan_settings() -> None:
+    # torchtitan's apply_ac wraps the layers whose count from 1 is a multiple of k
+    assert torchtitan_settings((1, 3, 5, 7), 8) == {"mode": "selective", "selective_ac_option": "2"}
+    assert torchtitan_settings((2, 5), 6) == {"mode": "selective", "selective_ac_option": "3"}
+    assert torchtitan_settings(tuple(range(4)), 4) == {"mode": "full"}
+    assert torchtitan_settings((), 4) == {"mode": "none"}
+    assert torchtitan_settings((0, 1), 4) is None
