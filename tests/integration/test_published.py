@@ -47,10 +47,16 @@ def test_the_error_and_verdict_columns_are_computed_from_the_page_own_figures() 
         if cells[5] == "n/a":
             continue
         measured += 1
-        predicted, published = int(cells[5].replace(",", "")), int(cells[4].replace(",", ""))
-        if rows[name].metric != "oom":
+        figures = [int(figure.replace(",", "")) for figure in cells[5].split(" to ")]
+        published = int(cells[4].replace(",", ""))
+        if rows[name].metric == "oom":  # least to most the run needs
+            least, most = figures
+            assert least <= most and cells[6] == "n/a", name
+            assert cells[7] == script.verdict(rows[name], least, most), name
+        else:
+            (predicted,) = figures
             assert cells[6] == f"{script.error(predicted, published):+.2%}", name
-        assert cells[7] == script.verdict(rows[name], predicted), name
+            assert cells[7] == script.verdict(rows[name], predicted), name
     assert measured == len(table)  # the page was generated with every row measured
 
 
@@ -78,6 +84,9 @@ def test_error_and_verdict_by_hand() -> None:
     oom = Row("z", "opt", "z", "oom", "OOM", 100, run)
     assert script.predicted_bytes(oom, {"max_memory_allocated": 60}, 50) == 110
     assert script.verdict(oom, 110).startswith("yes")
+    # at most: the reserved peak plus the context; a GPU's memory between the two is undecided
+    assert script.oom_range(oom, {"max_memory_allocated": 60, "max_memory_reserved": 80}, 30) == (90, 110)
+    assert script.verdict(oom, 90, 110).startswith("undecided") and script.verdict(oom, 90, 95).startswith("no")
 
 
 def _measured_line(name: str) -> tuple[str, str]:
