@@ -122,12 +122,14 @@ class _Stream:
         return False
 
 
-def _no_cuda_graphs(name: str) -> Callable[..., Any]:
-    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead."""
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+def _no_cuda_graphs(name: str) -> type:
+    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead when called.  A
+    class, not a function: a library may name it in an annotation evaluated at import
+    (transformers 5.x: ``-> torch.cuda.CUDAGraph | None``), which a function cannot take part in."""
+    def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedError(f"the program captures a CUDA graph (torch.cuda.{name}), which graphmem run does not "
                                "model yet: run it without CUDA graphs (torchtitan: --training.disable_cuda_graphs)")
-    return refuse
+    return type(name, (), {"__new__": refuse, "__doc__": f"torch.cuda.{name}, refused under graphmem run"})
 
 
 class _OnDevice:
