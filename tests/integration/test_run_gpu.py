@@ -1,6 +1,6 @@
 """graphmem run --gpu: the program's "cuda" is the target GPU.  No GPU here, so the checks are
 the ones a CPU can make: a program doing analyze's step gives analyze's CUDA numbers (analyze's
-CUDA target is checked against published GPU measurements, docs/accuracy-gpu.md), what stays on
+CUDA target is checked against published GPU measurements, docs/accuracy-published.md), what stays on
 the host weighs nothing on the GPU, and what the program's own torch.cuda calls print is what
 the report says at that point of the run."""
 
@@ -11,7 +11,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from graphmem import analyze, run_program
+from graphmem import GraphmemError, analyze, run_program
 from graphmem.cli import main
 from graphmem.cuda.gpus import get_gpu
 from tests.conftest import ROOT
@@ -214,3 +214,12 @@ def test_fsdp_over_tensor_parallel_initialises_its_dtensors_on_the_gpu() -> None
     run = run_program(str(PROGRAMS / "fsdp_tp_init.py"), gpu="h100", nproc_per_node=4, ranks=[0]).train
     assert run is not None
     assert run.params_bytes == (256 * 1024 + 1024 + 1024 * 256) * 4 // 4 + 256 * 4 // 2  # float32
+
+
+def test_cuda_graph_names_are_types_and_refused_when_used() -> None:
+    """torch.cuda.CUDAGraph may stand in an annotation evaluated at import (``CUDAGraph | None``);
+    making one is refused with what to do instead."""
+    report = run_program(str(PROGRAMS / "cuda_graph_names.py"), gpu="h100").train
+    assert report is not None and report.peak_bytes > 0
+    with pytest.raises(GraphmemError, match="captures a CUDA graph"):
+        run_program(str(PROGRAMS / "cuda_graph_names.py"), ["--capture"], gpu="h100")

@@ -130,14 +130,13 @@ class _Stream:
 
 
 def _no_cuda_graphs(name: str) -> type:
-    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead when called.
-    A class, as ``CUDAGraph`` and ``graph`` are, so that a library naming it in an annotation
-    evaluated at import (``torch.cuda.CUDAGraph | None``, transformers' continuous batching)
-    still imports."""
+    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead when called.  A
+    class, not a function: a library may name it in an annotation evaluated at import
+    (transformers 5.x: ``-> torch.cuda.CUDAGraph | None``), which a function cannot take part in."""
     def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedError(f"the program captures a CUDA graph (torch.cuda.{name}), which graphmem run does not "
                                "model yet: run it without CUDA graphs (torchtitan: --training.disable_cuda_graphs)")
-    return type(name, (), {"__new__": refuse, "__module__": __name__})
+    return type(name, (), {"__new__": refuse, "__doc__": f"torch.cuda.{name}, refused under graphmem run"})
 
 
 class _OnDevice:
