@@ -17,13 +17,23 @@ every row starts from a fresh cache.  A failing row is reported, not fatal.
 
 ``--dry-run`` runs the same steps on CPU (measured columns are n/a) and still asks graphmem
 for its CUDA prediction, so everything but the CUDA measurement is exercised.
+
+Then whole programs (benchmarks/gpu_programs/): transformers GPT-2 and Llama training in fp32
+and under bf16 autocast, and FSDP2 on one GPU (a process group of world size 1), each run for
+real in a process of its own (it prints ``torch.cuda.max_memory_allocated()`` /
+``max_memory_reserved()`` after its second optimizer step) and predicted by ``graphmem run``
+with the preset of this GPU; and a generation row: the prefill and the last decode step of
+``--generate`` (graphmem/trace/step/generation.py's procedure, for real on the GPU).
+``--programs none`` leaves them out.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +51,8 @@ if str(ROOT) not in sys.path:
 import graphmem
 from graphmem.cuda.alloc_conf import parse_alloc_conf
 from graphmem.cuda.allocator import MemoryEvent, replay
+from graphmem.cuda.gpus import GPUS
+from graphmem.job.choices import DEFAULT_GPU
 from tests.models import ZOO, ZooModel
 from tests.oracles import OPTIMIZERS, real_inputs
 
@@ -243,6 +255,131 @@ def allocator_rows(device: str, count: int = 2000) -> list[str]:
     return lines
 
 
+# Whole programs: (row name, script in benchmarks/gpu_programs, its argv, processes: None for
+# python, 1 for torchrun with one process)
+PROGRAMS = ROOT / "benchmarks" / "gpu_programs"
+PROGRAM_ROWS = (
+    ("transformers GPT-2 (4 layers, 4x256 tokens)", "train-fp32-adamw", "hf_train.py", ("gpt2",), None),
+    ("transformers GPT-2 (4 layers, 4x256 tokens)", "train-bf16-adamw", "hf_train.py", ("gpt2", "--bf16"), None),
+    ("transformers Llama (4 layers, 4x256 tokens)", "train-fp32-adamw", "hf_train.py", ("llama",), None),
+    ("transformers Llama (4 layers, 4x256 tokens)", "train-bf16-adamw", "hf_train.py", ("llama", "--bf16"), None),
+    ("FSDP2, world size 1, transformers Llama", "train-fp32-adamw", "fsdp_one_gpu.py", (), 1),
+)
+
+
+def gpu_preset(device: str) -> str:
+    """The preset whose product name is this GPU's (else graphmem's default)."""
+    if device != "cuda":
+        return DEFAULT_GPU
+    product = torch.cuda.get_device_name(0)
+    return next((gpu.name for gpu in GPUS.values() if gpu.product == product), DEFAULT_GPU)
+
+
+def measure_program(script: str, argv: Sequence[str], device: str) -> tuple[int | None, int | None]:
+    """The program's own MEASURED line, run in a process of its own (None, None off CUDA)."""
+    done = subprocess.run([sys.executable, str(PROGRAMS / script), *argv], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("MEASURED ")), None)
+    if line is None:
+        return None, None
+    allocated, reserved = line.split()[1:3]
+    return int(allocated), int(reserved)
+
+
+def predict_program(script: str, argv: Sequence[str], processes: int | None, preset: str
+                    ) -> tuple[int | None, int | None]:
+    """``graphmem run --gpu PRESET`` of the program, two optimizer steps."""
+    report = graphmem.run_program(str(PROGRAMS / script), list(argv), steps=2, gpu=preset,
+                                  nproc_per_node=processes).train
+    allocator = report.allocator if report is not None else None
+    return ((allocator.allocated_peak_bytes, allocator.reserved_peak_bytes) if allocator is not None
+            else (None, None))
+
+
+def program_rows(device: str) -> list[Row]:
+    preset, rows = gpu_preset(device), []
+    for name, config, script, argv, processes in PROGRAM_ROWS:
+        notes: list[str] = []
+        predicted = _attempt(functools.partial(predict_program, script, argv, processes, preset), "predict", notes)
+        measured = _attempt(functools.partial(measure_program, script, argv, device), "measure", notes)
+        rows.append(Row(name, config, predicted[0], measured[0], predicted[1], measured[1], "; ".join(notes)))
+    return rows + generation_rows(device, preset)
+
+
+# --generate P+N x batch on a small transformers Llama, as graphmem/trace/step/generation.py does it
+GENERATE = (256, 64, 4)
+
+
+def _generation_llama() -> torch.nn.Module:
+    import transformers as T
+
+    config = T.LlamaConfig(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                           num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
+    return T.LlamaForCausalLM(config)
+
+
+def measure_generation(device: str) -> dict[str, tuple[int | None, int | None]]:
+    """Prefill of the prompt; then a cache of prompt + new - 1 tokens and one decode step."""
+    prompt, new, batch = GENERATE
+    found: dict[str, tuple[int | None, int | None]] = {}
+    for phase, length in (("prefill", prompt), ("decode", prompt + new - 1)):
+        if device == "cuda":
+            fresh_allocator()
+        torch.manual_seed(0)
+        model = _generation_llama().to(device).eval()
+        ids = torch.randint(0, 8192, (batch, length), device=device)
+        token = torch.randint(0, 8192, (batch, 1), device=device)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            out: Any = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            if phase == "decode":
+                cache = out.past_key_values
+                del out
+                out = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                del cache
+        del out
+        if device == "cuda":
+            torch.cuda.synchronize()
+            found[phase] = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        else:
+            found[phase] = None, None
+        del model, ids, token
+    return found
+
+
+def generation_rows(device: str, preset: str) -> list[Row]:
+    prompt, new, batch = GENERATE
+    notes: list[str] = []
+    predicted: dict[str, tuple[int | None, int | None]] = {"prefill": (None, None), "decode": (None, None)}
+    measured: dict[str, tuple[int | None, int | None]] = {"prefill": (None, None), "decode": (None, None)}
+
+    def predict() -> tuple[int | None, int | None]:
+        report = graphmem.analyze(_generation_llama, [], generate=f"{prompt}+{new}", batch=batch, device="cuda",
+                                  gpu=preset).generate
+        assert report is not None
+        for phase, mode in (("prefill", report.prefill), ("decode", report.decode)):
+            stats = mode.allocator
+            predicted[phase] = (stats.allocated_peak_bytes, stats.reserved_peak_bytes) if stats else (None, None)
+        return None, None
+
+    def measure() -> tuple[int | None, int | None]:
+        measured.update(measure_generation(device))
+        return None, None
+    _attempt(predict, "predict", notes)
+    _attempt(measure, "measure", notes)
+    name = f"transformers Llama, --generate {prompt}+{new} x {batch}"
+    return [Row(name, phase, *_pair(predicted[phase], measured[phase]), "; ".join(notes))
+            for phase in ("prefill", "decode")]
+
+
+def _pair(predicted: tuple[int | None, int | None], measured: tuple[int | None, int | None]
+          ) -> tuple[int | None, int | None, int | None, int | None]:
+    return predicted[0], measured[0], predicted[1], measured[1]
+
+
 def _bytes(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
 
@@ -313,6 +450,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         f"{', '.join(m.name for m in ZOO)})")
     parser.add_argument("--configs", nargs="*", default=None, help=f"config names (default all: "
                         f"{', '.join(c.name for c in CONFIGS)})")
+    parser.add_argument("--programs", choices=("all", "none"), default="all",
+                        help="the whole programs and the generation row (default all)")
     return parser.parse_args(argv)
 
 
@@ -327,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     facts = calibration() if device == "cuda" else []
     rows = [compare(model, config, device) for model in models for config in configs]
+    rows += program_rows(device) if args.programs == "all" else []
     gpu = "none (dry run)" if args.dry_run else torch.cuda.get_device_name(0)
     allocator = allocator_rows(device)
     text = page(rows, gpu, args.dry_run, facts, time.perf_counter() - start, allocator)
