@@ -244,3 +244,62 @@ def test_cli_writes_the_module_and_the_curve(tmp_path: Path) -> None:
     assert (tmp_path / "curve.svg").read_text().startswith("<?xml")
     module = emitted(policy("gpt", budget), tmp_path)
     assert list(module.CHECKPOINTED) == data["chosen"]["blocks"]
+
+
+# --- per block and selective: each block kept, checkpointed whole, or keeping its matmul and
+# attention outputs (--policy-save matmuls,attention) ---------------------------------------
+
+SAVE = ("matmuls", "attention")
+
+
+@functools.cache
+def measured_selective(name: str) -> dict[tuple[int, ...], int]:
+    """The real peak of every choice: 0 kept, 1 checkpointed whole, 2 keeping SAVE's outputs."""
+    case = CASES[name]
+    out = {}
+    for choice in itertools.product(range(3), repeat=_blocks(case)):
+        out[choice] = _measure(case, case.build, checkpoint_classes=(case.block_class,), checkpoint_save=SAVE,
+                               checkpoint_blocks=tuple(i for i, v in enumerate(choice) if v),
+                               checkpoint_save_blocks=tuple(i for i, v in enumerate(choice) if v == 2))
+    return out
+
+
+@functools.cache
+def selective_policy(name: str, budget: int) -> PolicyPlan:
+    made = make_plan(CASES[name].job(), Budget(budget, Fraction(0), f"{budget}B"), policy=True, policy_save=SAVE)
+    assert made.policy is not None
+    return made.policy
+
+
+def _selective_budgets(name: str) -> list[int]:
+    """Between the lowest peak any choice reaches and the peak with every block selective, and the
+    lowest itself."""
+    runs = measured_selective(name)
+    lowest, selective = min(runs.values()), runs[tuple([2] * len(next(iter(runs))))]
+    return [lowest + (selective - lowest) // 2, lowest]
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("which", [0, 1])
+def test_selective_policy_run_for_real_fits_with_the_fewest_whole_blocks(name: str, which: int,
+                                                                          tmp_path: Path) -> None:
+    """The emitted module, run for real, has the verified peak and fits; no choice that checkpoints
+    fewer blocks whole fits (keeping the matmul and attention outputs, a block recomputes only ops
+    torch's FLOP formulas count nothing for: norms, activations, additions)."""
+    if name == "llama":
+        installed("transformers")
+    budget = _selective_budgets(name)[which]
+    plan = selective_policy(name, budget)
+    chosen = plan.chosen
+    assert chosen is not None, f"{name}: nothing fits {budget} B"
+    case = CASES[name]
+    module = emitted(plan, tmp_path)
+    real = _measure(case, lambda: module.apply_policy(case.build()))
+    assert real == chosen.peak_bytes <= budget, (chosen.blocks, chosen.selective, real, chosen.peak_bytes)
+    whole = len(chosen.blocks) - len(chosen.selective)
+    runs = measured_selective(name)
+    fewer = [c for c, peak in runs.items() if sum(v == 1 for v in c) < whole and peak <= budget]
+    assert not fewer, (name, budget, chosen, fewer)
+    if plan.transformers:
+        real = _measure(case, lambda: module.enable_transformers_checkpointing(case.build()))
+        assert real == chosen.peak_bytes
