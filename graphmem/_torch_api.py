@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._refs
-from torch._ops import OpOverload
+from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
@@ -50,6 +50,7 @@ __all__ = [
     "OP_ERRORS",
     "FakeTensor",
     "FakeTensorMode",
+    "HigherOrderOperator",
     "OpOverload",
     "ShapeEnv",
     "SYMBOLIC_REFERENCES",
@@ -72,6 +73,7 @@ __all__ = [
     "current_autograd_node",
     "expr_of",
     "hint_of",
+    "holds_fakes",
     "is_fake",
     "local_tensor",
     "quiet_fake_tensor_logs",
@@ -201,10 +203,22 @@ def is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
+def holds_fakes(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake tensor or a tensor subclass around fake ones (a DTensor whose
+    local tensor is fake): either way it holds no values of its own."""
+    if is_fake(t):
+        return True
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return any(holds_fakes(inner) for inner in (getattr(t, name) for name in names)
+                   if isinstance(inner, torch.Tensor))
+    return False
+
+
 def count_flops(func: Any, args: Any, kwargs: Any, out: Any) -> Any:
     """FLOPs of one aten op from torch.utils.flop_counter's formulas (0 for ops it has none
     for): an int, or a SymInt where the sizes are symbols."""
-    formula = flop_registry.get(func.overloadpacket)
+    formula = flop_registry.get(getattr(func, "overloadpacket", func))  # a higher-order op: by itself
     if formula is None:
         return 0
     try:

@@ -51,7 +51,7 @@ from graphmem.trace import (
     trace_program,
 )
 from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.workers import fork_map, processes
+from graphmem.workers import fork_each, fork_map, processes
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve", "run_program"]
 
@@ -328,7 +328,7 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 
 def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
                 device: str = "cpu", gpu: str | None = None, alloc_conf: str | None = None, sdpa: str = "auto",
-                nproc_per_node: int = 1, nnodes: int = 1, ranks: str | Sequence[int] = "auto",
+                nproc_per_node: int | None = None, nnodes: int | None = None, ranks: str | Sequence[int] = "auto",
                 policy: str = "observed") -> MemoryReport:
     """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
     MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
@@ -345,7 +345,8 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         alloc_conf: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).
         sdpa: the attention backend on the GPU (``auto``: PyTorch's choice).
         nproc_per_node, nnodes: processes per node and nodes, as ``torchrun --nproc-per-node
-            --nnodes`` starts them (with a string ``program``; a ``Program`` carries its own).
+            --nnodes`` starts them, one process included (with a string ``program``; a ``Program``
+            carries its own); neither given: one process, as ``python`` starts it.
         ranks: which to record: ``auto`` (rank 0 and the last), ``all``, or a list.
         policy: storage release policy (graphmem.memory.liveness).
 
@@ -391,20 +392,15 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
         return report, traced.models[0] if traced.models else program.target
 
-    if len(chosen) > 1 and processes() > 1:  # each rank in a worker process, side by side
-        def in_worker(rank: int) -> tuple[ModeReport, str]:
-            report, model = one(rank)
-            return with_graph(report, torch.fx.Graph()), model  # a graph does not pickle
+    def forked(rank: int) -> tuple[ModeReport, str]:  # a graph does not pickle: bytes come back, not graphs
+        report, name = one(rank)
+        return with_graph(report, torch.fx.Graph()), name
 
-        def graph_of(rank: int) -> torch.fx.Graph:
-            """A rank's fx graph, recorded again here (it was recorded in another process)."""
-            return one(rank)[0].trace.graph
-
-        made = fork_map(in_worker, chosen, what="recording a rank")
-        recorded = [(rank, with_graph(report, partial(graph_of, rank)), model)
-                    for rank, (report, model) in zip(chosen, made, strict=True)]
+    if len(chosen) > 1:  # each rank a process of its own, as torchrun starts them: its own imports
+        made = fork_each(forked, chosen, what="running a rank of the program")
     else:
-        recorded = [(rank, *one(rank)) for rank in chosen]
+        made = [one(rank) for rank in chosen]
+    recorded = [(rank, *result) for rank, result in zip(chosen, made, strict=True)]
     train, model = recorded[0][1], recorded[0][2]
     if program.world_size > 1:
         reports = sorted((RankReport(rank, (rank,), report) for rank, report, _ in recorded),

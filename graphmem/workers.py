@@ -10,6 +10,7 @@ Ctrl-C stops the workers at once.  ``GRAPHMEM_PROCESSES`` sets how many (1: no w
 from __future__ import annotations
 
 import contextlib
+import io
 import multiprocessing
 import os
 import signal
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 from graphmem import interrupts
 from graphmem.errors import TraceError
 
-__all__ = ["after_fork", "die_with_parent", "fork_map", "processes"]
+__all__ = ["after_fork", "die_with_parent", "fork_each", "fork_map", "processes"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -130,3 +131,70 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str,
             child.terminate()
         pool.shutdown(wait=True, cancel_futures=True)  # its thread ends before the interpreter does
         _PENDING = None
+
+
+def _run_forked(function: Callable[[T], R], item: T, sender: Any, parent: int) -> None:
+    """A fresh process's one call: its result (or what it raised) sent back whole, with what it
+    wrote to ``sys.stdout``."""
+    _mark_worker(parent)
+    written = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(written):
+            message: tuple[str, Any, str] = ("result", function(item), "")
+    except BaseException as exc:  # broad: whatever the call raised is raised in the parent
+        message = ("raised", exc, "")
+    message = (message[0], message[1], written.getvalue())
+    try:
+        sender.send(message)
+    except Exception:  # broad: an exception that does not pickle is sent as its text
+        sender.send(("raised", TraceError(f"{type(message[1]).__name__}: {message[1]}"), message[2]))
+    sender.close()
+
+
+def fork_each(function: Callable[[T], R], items: Sequence[T], *, what: str) -> list[R]:
+    """``[function(item) for item in items]``, each call in a process of its own forked from
+    this one as it is now (``what``: what a call does, for the message when one dies): no call
+    sees what another did to the process (a module one imported, its import-time tensors).  At
+    most ``processes()`` at once; one after another in this process where there is no fork
+    (or inside a worker).  What a call writes to ``sys.stdout`` is written here when it ends,
+    in the order of the items.  An exception a call raises is raised here."""
+    if _IN_WORKER or "fork" not in multiprocessing.get_all_start_methods():
+        return [function(item) for item in items]
+    from multiprocessing.connection import wait as wait_for
+
+    context = multiprocessing.get_context("fork")
+    results: dict[int, tuple[str, Any, str]] = {}
+    running: dict[Any, tuple[int, Any]] = {}  # receiving end -> (index, process)
+    receiver: Any
+    waiting = list(range(len(items)))
+    limit = max(1, processes())
+    try:
+        while waiting or running:
+            while waiting and len(running) < limit:
+                index = waiting.pop(0)
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_run_forked, args=(function, items[index], sender, os.getpid()),
+                                          daemon=True)
+                process.start()
+                sender.close()
+                running[receiver] = (index, process)
+            for receiver in wait_for(list(running), timeout=0.05):
+                index, process = running.pop(receiver)
+                try:
+                    results[index] = receiver.recv()
+                except EOFError:  # it died without a word (killed for memory)
+                    results[index] = ("raised", TraceError(f"a process {what} died (out of memory?)"), "")
+                process.join()
+            interrupts.check()
+    finally:
+        for _, process in running.values():  # an interrupted run stops now
+            process.terminate()
+            process.join()
+    out = []
+    for index in range(len(items)):
+        kind, value, written = results[index]
+        sys.stdout.write(written)
+        if kind == "raised":
+            raise value
+        out.append(value)
+    return out

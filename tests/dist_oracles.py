@@ -121,7 +121,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-from tests.oracles import OPTIMIZERS, LiveStorages, _loss, real_inputs
+from tests.oracles import OPTIMIZERS, LiveStorages, _loss, count_optimizer_steps, real_inputs
 
 TIMEOUT_S = 120.0
 # per rank, of the last measure_distributed call: the RankMeasured fields and "collectives" (c10d ops
@@ -731,14 +731,12 @@ class _ProgramStop(BaseException):
 def _program_rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
     """A spawned rank of ``python SCRIPT ARGV`` under torchrun's environment: the program's own
     init_process_group (any backend) joins a gloo group through a FileStore in ``outdir``;
-    storages are counted from the program's first line until its ``steps``-th optimizer step
+    storages are counted from the program's first line until its ``steps``-th (outermost) optimizer step
     returns.  Writes rank<N>.json."""
     import json
     import runpy
 
     import torch.distributed as dist
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     torch.set_num_threads(1)
     world = cfg["world_size"]
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
@@ -755,15 +753,13 @@ def _program_rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
     dist.init_process_group = init_process_group
     counter = DistLiveStorages()
     counter.phase = "step 1"
-    done = [0]
 
-    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
-        done[0] += 1
-        if done[0] >= cfg["steps"]:
+    def after_step(done: int) -> None:
+        if done >= cfg["steps"]:
             raise _ProgramStop
-        counter.phase = f"step {done[0] + 1}"
+        counter.phase = f"step {done + 1}"
 
-    handle = register_optimizer_step_post_hook(after_step)
+    handles = count_optimizer_steps(after_step)
     sys.argv = [cfg["script"], *cfg["argv"]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(cfg["script"])))
     try:
@@ -774,7 +770,8 @@ def _program_rank_main(rank: int, cfg: dict[str, Any], outdir: str) -> None:
         Path(outdir, f"rank{rank}.err").write_text(traceback.format_exc())
         raise
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         if dist.is_initialized():
             dist.destroy_process_group()
     if counter.trace is not None:  # DIST_ORACLE_TRACE=1: every change of the live bytes, for debugging a count

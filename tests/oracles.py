@@ -195,35 +195,53 @@ class _Stop(BaseException):
     pass
 
 
+def count_optimizer_steps(after: Callable[[int], None]) -> list[Any]:
+    """Call ``after(n)`` when the program's n-th optimizer step returns: any torch.optim
+    optimizer's ``step``, counted at the outermost one (an optimizer whose step steps others,
+    as torchtitan's container of optimizers does, is one step with them).  The hooks' handles."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    depth, done = [0], [0]
+
+    def before(opt: Any, args: Any, kwargs: Any) -> None:
+        depth[0] += 1
+
+    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+        depth[0] -= 1
+        if depth[0] == 0:
+            done[0] += 1
+            after(done[0])
+
+    return [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after_step)]
+
+
 def measure_program(script: str, argv: Sequence[str] = (), steps: int = 2) -> Measured:
     """Run ``python SCRIPT ARGV`` for real, counting live storages from its first line, until
-    its ``steps``-th optimizer step returns (torch.optim's global post-step hook stops it).
+    its ``steps``-th optimizer step returns (torch.optim's global step hooks stop it; a step that
+    steps other optimizers inside it is one step: ``count_optimizer_steps``).
     ``phase_peaks``: "step N" -> the peak from the end of step N-1 to the end of step N."""
     import os
     import runpy
     import sys
 
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     counter = LiveStorages()
-    done = [0]
     counter.phase = "step 1"
 
-    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
-        done[0] += 1
-        if done[0] >= steps:
+    def after_step(done: int) -> None:
+        if done >= steps:
             raise _Stop
-        counter.phase = f"step {done[0] + 1}"
+        counter.phase = f"step {done + 1}"
 
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    handle = register_optimizer_step_post_hook(after_step)
+    handles = count_optimizer_steps(after_step)
     try:
         with counter, contextlib.suppress(_Stop):
             runpy.run_path(script, run_name="__main__")
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         sys.argv[:], sys.path[:] = saved_argv, saved_path
     return Measured(counter.peak, dict(counter.phase_peaks))
 

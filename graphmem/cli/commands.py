@@ -29,7 +29,7 @@ from graphmem.cuda.gpus import GPUS, get_gpu
 from graphmem.errors import UserInputError
 from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES
 from graphmem.job.grammar import input_symbol, parse_sweep
-from graphmem.preflight.budget import BudgetAmount, parse_budget, parse_margin, resolve_budget
+from graphmem.preflight.budget import METRICS, BudgetAmount, parse_budget, parse_margin, resolve_budget
 from graphmem.report.formats import COLLAPSE_CHOICES, RENDERER_NAMES
 from graphmem.report.paths import check_html_path, check_output_path
 
@@ -244,11 +244,12 @@ def _budget_options(command: Any) -> Any:
               help="What the program runs on (default: cuda with --gpu, else cpu). cpu: bytes as PyTorch's "
                    "CPU execution allocates them; cuda: the program's \"cuda\" is --gpu, its memory what the "
                    "caching allocator reserves (torch.cuda's memory calls in the program answer the same).")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes on the node, as torchrun --nproc-per-node starts them: each sees torchrun's "
-                   "RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process group of "
-                   "that many ranks in which collectives move nothing. Memory per process.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Processes on the node, as torchrun --nproc-per-node starts them (1 included): each sees "
+                   "torchrun's RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process "
+                   "group of that many ranks in which collectives move nothing. Memory per process. "
+                   "Default: one process, started as python starts it.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=None,
               help="Nodes, as torchrun --nnodes: RANK runs over all of them, LOCAL_RANK and GROUP_RANK per node.")
 @click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
               help="With --nproc-per-node: the ranks to record (auto: rank 0 and the last).")
@@ -274,7 +275,8 @@ def _budget_options(command: Any) -> Any:
 @_budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int, nnodes: int, ranks: str,
+def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int | None, nnodes: int | None,
+                ranks: str,
                 gpu: str | None, sdpa: str,
                 alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
                 output: str | None,
@@ -379,17 +381,26 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
 @job_options(PREFLIGHT_MODES, "train")
 @output_options(["table", "json"])
 @_budget_options
-def check_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
-                  debug: bool, **options: Any) -> None:
+@click.option("--metric", type=click.Choice(METRICS), default=None,
+              help="On a GPU, the number compared with the budget: allocated (max_memory_allocated), reserved "
+                   "(max_memory_reserved; the default) or nvidia-smi (the nvidia-smi estimate); the budget also "
+                   "holds what lives outside PyTorch's allocator (CUDA context, NCCL buffers).")
+def check_command(budget: BudgetAmount | None, margin: Fraction, metric: str | None, fmt: str, units: str,
+                  output: str | None, debug: bool, **options: Any) -> None:
     """Will TARGET fit the budget?  Exit 0: the predicted peak with --margin fits (on a GPU: the
     caching allocator's reserved peak plus the CUDA context and NCCL buffers); 1: it does not;
     2: usage error; 3: the analysis failed; 130: interrupted.
+
+    On a GPU, --metric allocated or nvidia-smi compares another of its numbers instead.
 
     Example: graphmem check examples/mlp.py:MLP --input 32x1000 --budget 16MiB --margin 5%
     """
     with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
-        result = check(job, limit)
+        if metric is not None and job.device != "cuda":
+            raise UserInputError(f"--metric {metric} names one of a GPU's numbers, but the target is {job.device}, "
+                                 "whose one number is the peak; add --gpu NAME (or --device cuda), or drop --metric")
+        result = check(job, limit, metric or "reserved")
         text = CHECK_RENDERERS[fmt](result, context, units)
     _write(text, output, debug)
     click.get_current_context().exit(SUCCESS if result.fits else DOES_NOT_FIT)

@@ -88,6 +88,15 @@ class AllocatorStats:
     nccl_buffer_bytes: int = 0
     event_steps: tuple[int, ...] = ()  # each replayed event's ``step``
 
+    @property
+    def active_peak_bytes(self) -> int:
+        """``memory_stats()["active_bytes.all.peak"]`` (torchtune's "peak memory active"):
+        allocated blocks plus freed ones still waiting for another stream's event before the
+        allocator may reuse them.  ``free`` lowers allocated_bytes at once but active_bytes only
+        in ``free_block``, which waits for the block's ``stream_uses`` (``record_stream``); the
+        replay models no such wait (see the module docstring), so it equals the allocated peak."""
+        return self.allocated_peak_bytes
+
     def peaks_from(self, step: int) -> tuple[int, int]:
         """(allocated, reserved) peaks from op ``step`` on: the counters as they stood before it and
         their highest after (``torch.cuda.reset_peak_memory_stats`` just before op ``step``)."""

@@ -25,15 +25,22 @@ class Program:
     steps: int = 2
     nproc_per_node: int = 1  # processes on each node, as torchrun --nproc-per-node starts them
     nnodes: int = 1  # nodes, as torchrun --nnodes
+    torchrun: bool = False  # launched by torchrun even with one process (its environment, a process group)
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
     @property
+    def launched(self) -> bool:
+        """Started as torchrun starts each process (``--nproc-per-node`` or ``--nnodes`` given,
+        or more than one process), not as ``python`` starts the one."""
+        return self.torchrun or self.world_size > 1
+
+    @property
     def command(self) -> str:
         launcher = ["python"]
-        if self.world_size > 1:
+        if self.launched:
             launcher = ["torchrun", *([f"--nnodes {self.nnodes}"] if self.nnodes > 1 else []),
                         f"--nproc-per-node {self.nproc_per_node}"]
         return " ".join([*launcher, *(["-m"] if self.module else []), self.target, *self.argv])
@@ -48,14 +55,17 @@ class Program:
 
 
 def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
-                 nproc_per_node: int = 1, nnodes: int = 1) -> Program:
-    """A checked Program.
+                 nproc_per_node: int | None = None, nnodes: int | None = None) -> Program:
+    """A checked Program; given ``nproc_per_node`` or ``nnodes`` (even 1), launched as torchrun
+    launches it, else as ``python`` runs it.
 
     Raises:
         UserInputError: no such script, fewer than one step or one process.
     """
     if steps < 1:
         raise UserInputError(f"--steps {steps}: record at least one optimizer step")
+    torchrun = nproc_per_node is not None or nnodes is not None
+    nproc_per_node, nnodes = 1 if nproc_per_node is None else nproc_per_node, 1 if nnodes is None else nnodes
     if nproc_per_node < 1 or nnodes < 1:
         raise UserInputError(f"--nproc-per-node {nproc_per_node} --nnodes {nnodes}: give at least one process "
                              "on at least one node")
@@ -63,4 +73,4 @@ def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = Fals
         raise UserInputError(f"no such program: {target!r}; give the path of a Python script "
                              "(graphmem run train.py ARGS) or a module with -m (graphmem run -m pkg.train ARGS)")
     return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
-                   nnodes=nnodes)
+                   nnodes=nnodes, torchrun=torchrun)

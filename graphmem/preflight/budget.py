@@ -21,9 +21,15 @@ from graphmem.cuda.gpus import GPU
 from graphmem.errors import UserInputError
 from graphmem.units import BINARY_UNITS
 
-__all__ = ["BUDGET_UNITS", "Budget", "BudgetAmount", "parse_budget", "parse_margin", "resolve_budget"]
+__all__ = ["BUDGET_UNITS", "DEFAULT_METRIC", "METRICS", "Budget", "BudgetAmount", "parse_budget", "parse_margin",
+           "resolve_budget"]
 
 BUDGET_UNITS: dict[str, int] = {**BINARY_UNITS, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+# ``check --metric``: which of the CUDA target's numbers is compared with the budget (docs/glossary.md).
+# A budget is memory on the GPU, so what lives there outside PyTorch's allocator (the CUDA context,
+# NCCL's buffers) takes its share whichever counter is compared (graphmem/preflight/footprint.py).
+METRICS = ("allocated", "reserved", "nvidia-smi")
+DEFAULT_METRIC = "reserved"
 _UNIT_BY_LOWER = {name.lower(): factor for name, factor in BUDGET_UNITS.items()}
 _AMOUNT_RE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[A-Za-z%]*)\s*$")
 _BUDGET_HINT = ("expected bytes with a unit (123456B, 512MiB, 80GiB, 80GB) or, with --gpu, a fraction "

@@ -13,6 +13,11 @@ The rule:
     (graphmem.cuda.nccl).  The budget (a GPU's ``total_memory`` by default) must hold all of
     it: a job whose allocated peak fits but whose reserved peak does not fails with an
     out-of-memory error once the allocator cannot find a segment.
+  - ``check --metric`` may compare another of the CUDA target's numbers (``compared_bytes``):
+    ``allocated`` (the allocated peak plus what lives outside the allocator: the floor, what the
+    GPU would hold if the allocator cached nothing), ``reserved`` (the rule above, the default)
+    or ``nvidia-smi`` (the nvidia-smi estimate: reserved + CUDA context + NCCL buffers, which is
+    the rule above in nvidia-smi's terms: the same bytes today).
   - With ``--parallel``: the rank that needs the most (each distinct rank is analysed).
   - With ``--generate``: the higher of the prompt's prefill and the last decode step.
 """
@@ -65,6 +70,24 @@ class Footprint:
     def needed_bytes(self) -> int:
         """What the budget is compared with: CPU the peak; CUDA reserved + outside the allocator."""
         return self.peak_bytes if self.reserved_peak_bytes is None else self.reserved_peak_bytes + self.outside_bytes
+
+    @property
+    def nvidia_smi_bytes(self) -> int:
+        """CUDA: what nvidia-smi would show for the process (``graphmem.cuda.gpus.nvidia_smi_estimate``:
+        the reserved peak + CUDA context + NCCL buffers); CPU: the peak."""
+        return self.peak_bytes if self.reserved_peak_bytes is None else self.reserved_peak_bytes + self.outside_bytes
+
+    def compared_bytes(self, metric: str) -> int:
+        """The bytes ``check --metric`` compares with the budget (``graphmem.preflight.budget.METRICS``);
+        the CPU target has one number, its peak, whatever the metric."""
+        if self.reserved_peak_bytes is None:
+            return self.peak_bytes
+        by_metric = {"allocated": self.allocated_needed_bytes, "reserved": self.needed_bytes,
+                     "nvidia-smi": self.nvidia_smi_bytes}
+        if metric not in by_metric:
+            raise AssertionError(f"Footprint.compared_bytes: unknown metric {metric!r}; "
+                                 f"expected one of {tuple(by_metric)}")
+        return by_metric[metric]
 
     @property
     def allocated_needed_bytes(self) -> int:

@@ -4,8 +4,10 @@ Input: a ``Job`` with concrete inputs and a ``Budget``.  Output: a frozen ``Chec
 
 The verdict compares what the device must hold (graphmem/preflight/footprint.py: on the CUDA
 target the caching allocator's reserved peak plus the CUDA context and NCCL's buffers) with
-the budget.  On the CUDA target, when that does not fit but the allocated peak would (the
-tensors fit; the allocator's cached segments do not), the job is analysed again with
+the budget; ``metric`` (``check --metric``) may name another of the CUDA target's numbers:
+the allocated peak (plus the same memory outside the allocator) or the nvidia-smi estimate.
+On the CUDA target, when that does not fit but the allocated peak would (the tensors fit; the
+allocator's cached segments do not), the job is analysed again with
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (segments that grow in place instead of
 new ones beside the old: the remedy PyTorch's out-of-memory message names for fragmentation),
 and the result says whether that fits.
@@ -19,11 +21,11 @@ from dataclasses import dataclass, replace
 from graphmem.job.job import Job
 from graphmem.job.spec import validate_inputs
 from graphmem.memory.results import MemoryReport
-from graphmem.preflight.budget import Budget
+from graphmem.preflight.budget import DEFAULT_METRIC, Budget
 from graphmem.preflight.footprint import Footprint, expandable_conf, footprint_of
 from graphmem.preflight.search import predict
 
-__all__ = ["CheckResult", "Expandable", "check", "judge"]
+__all__ = ["METRIC_NAMES", "CheckResult", "Expandable", "check", "judge"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +49,9 @@ class CheckResult:
         peak_bytes: the bytes compared with the budget (``footprint.needed_bytes``: CPU the
             tensor bytes at the peak; CUDA the reserved peak + CUDA context + NCCL buffers).
         required_bytes: ``peak_bytes`` with the margin.
-        metric: "peak_bytes" (cpu) or "reserved_peak_bytes" (cuda: with what lives outside
-            the allocator added).
+        metric: what ``peak_bytes`` is: "peak_bytes" (cpu); on cuda, by ``check --metric``,
+            "reserved_peak_bytes" (the default), "allocated_peak_bytes" (each with what lives
+            outside the allocator added) or "nvidia_smi_estimate_bytes".
         footprint: the allocated and reserved peaks and what lives outside the allocator.
         expandable: on CUDA, when the reserved peak does not fit but the allocated one
             does: the same job analysed with expandable segments (None otherwise).
@@ -83,9 +86,19 @@ class CheckResult:
         return self.budget.fits(self.footprint.allocated_needed_bytes)
 
 
-def check(job: Job, budget: Budget) -> CheckResult:
+# check --metric -> the name of what is compared, in the JSON's "metric"
+METRIC_NAMES = {"allocated": "allocated_peak_bytes", "reserved": "reserved_peak_bytes",
+                "nvidia-smi": "nvidia_smi_estimate_bytes"}
+
+
+def check(job: Job, budget: Budget, metric: str = DEFAULT_METRIC) -> CheckResult:
     """Will ``job`` fit ``budget``?  One analysis; two on the CUDA target when only the
     allocator's cached segments stand in the way (see the module docstring).
+
+    Args:
+        job: what to analyse.
+        budget: the bytes available and the margin.
+        metric: on the CUDA target, which number is compared (``graphmem.preflight.budget.METRICS``).
 
     Returns:
         The verdict, the bytes compared and the same with the margin, in bytes.
@@ -95,24 +108,26 @@ def check(job: Job, budget: Budget) -> CheckResult:
     prediction = predict(job)
     return judge(prediction.report, job.mode, budget,
                  lambda conf: predict(replace(job, alloc_conf=conf), checkpoint_comparison=False).report,
-                 job.alloc_conf)
+                 job.alloc_conf, metric)
 
 
 def judge(report: MemoryReport, mode: str, budget: Budget, again: Callable[[str], MemoryReport],
-          alloc_conf: str | None = None) -> CheckResult:
-    """The verdict on an analysed ``report`` (its ``mode``): ``again(conf)`` is the same job
-    analysed with the allocator settings ``conf``, asked for when only the allocator's cached
-    segments stand in the way; ``alloc_conf``: the settings ``report`` was analysed with."""
+          alloc_conf: str | None = None, metric: str = DEFAULT_METRIC) -> CheckResult:
+    """The verdict on an analysed ``report`` (its ``mode``), comparing ``metric``'s bytes:
+    ``again(conf)`` is the same job analysed with the allocator settings ``conf``, asked for
+    when only the allocator's cached segments stand in the way; ``alloc_conf``: the settings
+    ``report`` was analysed with."""
     found = footprint_of(report, mode)
-    fits = budget.fits(found.needed_bytes)
-    result = CheckResult(fits=fits, peak_bytes=found.needed_bytes,
-                         required_bytes=budget.required_bytes(found.needed_bytes), budget=budget,
-                         metric="reserved_peak_bytes" if found.cuda else "peak_bytes", footprint=found,
-                         report=report)
-    if fits or not found.cuda or found.expandable_segments or not result.allocated_fits:
+    compared = found.compared_bytes(metric)
+    fits = budget.fits(compared)
+    result = CheckResult(fits=fits, peak_bytes=compared, required_bytes=budget.required_bytes(compared),
+                         budget=budget, metric=METRIC_NAMES[metric] if found.cuda else "peak_bytes",
+                         footprint=found, report=report)
+    # expandable segments bring the reserved peak down to the allocated one: no help to the allocated metric
+    if fits or not found.cuda or found.expandable_segments or not result.allocated_fits or metric == "allocated":
         return result
     conf = expandable_conf(alloc_conf)
     second = footprint_of(again(conf), mode)
-    expandable = Expandable(alloc_conf=conf, footprint=second, fits=budget.fits(second.needed_bytes),
-                            required_bytes=budget.required_bytes(second.needed_bytes))
+    expandable = Expandable(alloc_conf=conf, footprint=second, fits=budget.fits(second.compared_bytes(metric)),
+                            required_bytes=budget.required_bytes(second.compared_bytes(metric)))
     return replace(result, expandable=expandable)

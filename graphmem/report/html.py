@@ -210,6 +210,8 @@ def _peaks(report: MemoryReport, modes: list[tuple[str, ModeReport]], fmt: Forma
     if any(m.allocator for _, m in modes):
         rows += [["allocated peak (max_memory_allocated)",
                   *(fmt(m.allocator.allocated_peak_bytes) if m.allocator else "" for _, m in modes)],
+                 ["peak active (active_bytes.all.peak)",
+                  *(fmt(m.allocator.active_peak_bytes) if m.allocator else "" for _, m in modes)],
                  ["reserved peak (max_memory_reserved)",
                   *(fmt(m.allocator.reserved_peak_bytes) if m.allocator else "" for _, m in modes)]]
     if report.gpu is not None and all(m.allocator for _, m in modes):

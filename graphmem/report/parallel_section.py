@@ -54,6 +54,7 @@ def parallel_table(report: MemoryReport, mode: ModeReport, fmt: Callable[[int], 
 def _rank_dict(r: RankReport) -> dict[str, Any]:
     m = r.report
     data: dict[str, Any] = {"rank": r.rank, "ranks": list(r.ranks), "peak_bytes": m.peak_bytes,
+                            "step_peak_bytes": list(m.iteration_peaks),
                             "peak": {"op": m.peak.op, "module": m.peak.module, "phase": m.peak.phase,
                                      "iteration": m.peak.iteration + 1, "step": m.peak.step},
                             "breakdown": {str(k): v for k, v in m.breakdown.items()}}

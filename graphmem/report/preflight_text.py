@@ -86,7 +86,8 @@ def check_to_dict(result: CheckResult, context: Context) -> dict[str, Any]:
     if not f.cuda:
         return data
     expandable = result.expandable
-    data.update(allocated_peak_bytes=f.peak_bytes, cuda_context_bytes=f.cuda_context_bytes,
+    data.update(allocated_peak_bytes=f.peak_bytes, active_peak_bytes=f.peak_bytes,
+                nvidia_smi_estimate_bytes=f.nvidia_smi_bytes, cuda_context_bytes=f.cuda_context_bytes,
                 **({"nccl_buffer_bytes": f.nccl_buffer_bytes} if result.report.parallel is not None else {}),
                 outside_allocator_bytes=f.outside_bytes, allocated_fits=result.allocated_fits,
                 allocated_headroom_bytes=result.budget.total_bytes - result.allocated_required_bytes,
@@ -114,6 +115,8 @@ def _cuda_rows(result: CheckResult, context: Context, fmt: Callable[[int], str])
     f, budget = result.footprint, result.budget
     rank = f" (rank {f.rank})" if f.rank is not None and f.rank != _shown_rank(result.report) else ""
     rows = [[f"allocated peak{rank}", fmt(f.peak_bytes), "torch.cuda.max_memory_allocated(): the tensors"],
+            [f"peak active{rank}", fmt(f.peak_bytes),
+             "memory_stats()['active_bytes.all.peak']: allocated + blocks waiting on another stream (none modelled)"],
             [f"reserved peak{rank}", fmt(f.reserved_peak_bytes or 0),
              "torch.cuda.max_memory_reserved(): the segments the caching allocator obtains from the GPU"],
             ["CUDA context", fmt(f.cuda_context_bytes), "outside the allocator (an estimate for the GPU)"]]
@@ -128,8 +131,22 @@ def _cuda_rows(result: CheckResult, context: Context, fmt: Callable[[int], str])
               fmt(budget.total_bytes - result.allocated_required_bytes)],
              [f"reserved + {outside}", fmt(result.peak_bytes), *([fmt(result.required_bytes)] if margin else []),
               fmt(result.headroom_bytes)]]
+    if result.metric == "nvidia_smi_estimate_bytes":
+        table.append([f"nvidia-smi estimate (reserved + {outside})", fmt(result.peak_bytes),
+                      *([fmt(result.required_bytes)] if margin else []), fmt(result.headroom_bytes)])
     return (str(tabulate(rows, tablefmt="plain")) + "\n\n" + str(tabulate(table, headers=heads, tablefmt="plain"))
-            + "\n(the verdict compares the reserved peak: the GPU must hold every segment the allocator keeps)")
+            + "\n" + COMPARED[result.metric])
+
+
+# under check's table on a GPU: what the verdict compares (check --metric)
+COMPARED = {
+    "reserved_peak_bytes": ("(the verdict compares the reserved peak: the GPU must hold every segment the "
+                            "allocator keeps)"),
+    "allocated_peak_bytes": "(the verdict compares the allocated peak, --metric allocated: the tensors, as if the "
+                            "allocator cached nothing; the reserved peak is what a run holds)",
+    "nvidia_smi_estimate_bytes": "(the verdict compares the nvidia-smi estimate, --metric nvidia-smi: reserved + what "
+                                 "lives outside the allocator, the same bytes as the reserved row)",
+}
 
 
 def _shown_rank(report: MemoryReport) -> int | None:

@@ -18,12 +18,15 @@ from tests.dist_oracles import measure_program_distributed
 PROGRAMS = ROOT / "tests" / "programs"
 
 
-@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py", "tp.py", "zero.py"])
+@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py", "fsdp_meta.py", "tp.py", "zero.py"])
 def test_every_rank_equals_the_real_run(program: str) -> None:
     """DistributedDataParallel (1 MB buckets), FSDP2 (fully_shard per block, a device mesh made
-    by the program), tensor parallelism (parallelize_module, column- then row-wise) and ZeRO-1
-    (DDP with ZeroRedundancyOptimizer: the ranks' shares of Adam's state differ), each with the
-    program's own init_process_group("gloo")."""
+    by the program), FSDP2 as torchtitan builds it (on the meta device, then to_empty on
+    ``cpu:LOCAL_RANK`` and trunc_normal_ on the DTensor parameters; a container optimizer; a
+    tensor made at import, held by each rank's own process), tensor parallelism
+    (parallelize_module, column- then row-wise) and ZeRO-1 (DDP with ZeroRedundancyOptimizer:
+    the ranks' shares of Adam's state differ), each with the program's own
+    init_process_group("gloo")."""
     script = str(PROGRAMS / program)
     real = measure_program_distributed(script, world_size=2, steps=2)
     report = run_program(script, nproc_per_node=2, ranks="all").train
@@ -45,6 +48,20 @@ def test_accelerate_launched_loop_on_two_processes() -> None:
     report = run_program(script, nproc_per_node=2, ranks="all").train
     assert report is not None
     assert {r.rank: r.report.peak_bytes for r in report.ranks} == {k: r["peak_bytes"] for k, r in enumerate(real)}
+
+
+def test_one_process_as_torchrun_starts_it() -> None:
+    """--nproc-per-node 1: the program sees torchrun's environment and its init_process_group
+    joins a group of one, as torchrun --nproc-per-node 1 runs it (without the option it runs as
+    python runs it, and a torchrun program fails as it would: no RANK)."""
+    script = str(PROGRAMS / "ddp.py")
+    real = measure_program_distributed(script, world_size=1, steps=2)[0]
+    report = run_program(script, nproc_per_node=1).train
+    assert report is not None and not report.ranks
+    assert report.peak_bytes == real["peak_bytes"]
+    assert list(report.iteration_peaks) == [real["phase_peaks"][f"step {k}"] for k in (1, 2)]
+    result = CliRunner().invoke(main, ["run", "--nproc-per-node", "1", script])
+    assert result.exit_code == 0 and "torchrun --nproc-per-node 1" in result.output, result.output
 
 
 def test_ranks_on_the_command_line() -> None:

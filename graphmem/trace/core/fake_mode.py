@@ -42,9 +42,19 @@ class _FakeTensorMode(FakeTensorMode):
         super().__init__(allow_non_fake_inputs=True, shape_env=shape_env)
         self._kernels = kernels
 
+    # a higher-order op (FlexAttention's) finds its fake kernel by the mode's exact type, which
+    # this subclass is not: it takes it through __torch_dispatch__, as FakeTensorMode's own does
+    # (graphmem.trace.core.recorder records them as one op)
+    supports_higher_order_operators = True
+
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func in _VIEWS:
             return self._view(func, types, args, kwargs)
+        if any(isinstance(a, torch.UntypedStorage) for a in args):
+            # an op given a storage (torch.load rebuilds each tensor with ``set_(storage, ...)``):
+            # not through the dispatch cache, whose key would hold the storage, and so a loaded
+            # checkpoint's memory, for the life of the process (a real one dies with its tensors)
+            return self._dispatch_impl(func, types, args, kwargs or {})
         kernel = self._kernels.get(func)
         if kernel is None:
             reference = SYMBOLIC_REFERENCES.get(func) if self.shape_env is not None else None

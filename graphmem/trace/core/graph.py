@@ -26,6 +26,10 @@ class GraphBuilder:
         self._nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> fx node
         self._constants = 0
 
+    def weak_tables(self) -> list[WeakIdKeyDictionary]:
+        """The tables that hold tensors by weak reference (graphmem.trace.core.recorder's swap)."""
+        return [self._nodes]
+
     def add_placeholder(self, t: torch.Tensor, name: str) -> None:
         self._nodes[t] = self.graph.placeholder(name.replace(".", "_"))
 
@@ -43,6 +47,10 @@ class GraphBuilder:
         return node
 
     def _node_of(self, value: Any) -> Any:
+        if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):
+            # a storage (torch.load's ``set_(storage, ...)``): named, not held; a real run frees
+            # it with its tensors, and the graph would keep it for the whole recording
+            return f"<storage of {value.nbytes()} bytes>"
         if not isinstance(value, torch.Tensor):  # a size symbol: its value while recording
             return hint_of(value) if isinstance(value, torch.SymInt) else value
         node = self._nodes.get(value)

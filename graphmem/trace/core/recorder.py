@@ -21,6 +21,7 @@ import torch
 from graphmem import interrupts, progress
 from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
+    HigherOrderOperator,
     TorchDispatchMode,
     count_flops,
     expr_of,
@@ -40,6 +41,11 @@ from graphmem.trace.values.answers import ValueAnswers
 __all__ = ["Recorder"]
 
 _FAKES_ON = torch.device("cpu")
+_NOTHING = object()  # no entry in a weak table
+# higher-order ops recorded as one op, their outputs from their fake kernel: FlexAttention's,
+# one fused kernel each on a GPU (torch.compile'd, as every program runs them), so no score
+# matrix is ever materialised.  Any other higher-order op is refused, as before.
+_ONE_KERNEL = frozenset({"flex_attention", "flex_attention_backward"})
 _PROGRESS_EVERY = 4096  # recorded ops between progress lines
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
@@ -97,6 +103,33 @@ class Recorder(TorchDispatchMode):
         return self.books.freeze()
 
     @contextlib.contextmanager
+    def swapping(self, t1: torch.Tensor, t2: torch.Tensor, kept: tuple[Any, ...] = ()) -> Iterator[None]:
+        """Inside, ``torch.utils.swap_tensors(t1, t2)`` can run: it refuses tensors with weak
+        references, and the recorder holds one on every tensor it saw (``Module._apply`` swaps
+        a DTensor parameter's contents so, keeping the Parameter).  The recorder lets go of
+        both, and takes them back after: what it knew of ``t2``'s values (its fx node, its
+        shadow) it now knows of ``t1``, which holds them, and the other way round; what it knew
+        of each tensor itself (a parameter: no shadow follows it) stays with it.  ``kept``: the
+        caller's own weak tables of tensors themselves (a parameter's name)."""
+        values, own = self.answers.weak_tables()
+        tables = [(table, True) for table in (*self.fx.weak_tables(), *values)]
+        tables += [(table, False) for table in (*own, *kept)]
+        held = [(table, swap, [table.pop(t, _NOTHING) for t in (t1, t2)]) for table, swap in tables]
+        watched = [self.books.unwatch(t) for t in (t1, t2)]
+        done = False
+        try:
+            yield
+            done = True
+        finally:  # a swap that failed swapped nothing: all taken back as it was
+            for table, swap, (first, second) in held:
+                for t, value in ((t1, second), (t2, first)) if swap and done else ((t1, first), (t2, second)):
+                    if value is not _NOTHING:
+                        table[t] = value
+            if any(watched):  # each now holds the other's storage: watched again, on it
+                for t in (t1, t2):
+                    self.books.track(t, len(self.ops) - 1)
+
+    @contextlib.contextmanager
     def silenced(self) -> Iterator[None]:
         """Ops run inside are graphmem's own bookkeeping: not recorded."""
         self.silent = True
@@ -105,13 +138,18 @@ class Recorder(TorchDispatchMode):
         finally:
             self.silent = False
 
+    supports_higher_order_operators = True  # FlexAttention's reach __torch_dispatch__ (_ONE_KERNEL)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator) and func.name() not in _ONE_KERNEL:
+            return NotImplemented
         kwargs = kwargs or {}
         device = kwargs.get("device")
-        if isinstance(device, torch.device) and (device.type == "cuda" or device.index is not None):
-            # the user's device="cuda": the fakes live on the CPU (graphmem.job.devices); "cpu:0" is
-            # the CPU, as a real tensor reports it (a fake one would keep the index, and then
-            # differ from every other CPU tensor: accelerate moves batches to "cpu:0")
+        if isinstance(device, torch.device) and (device.type == "cuda" or device.index is not None
+                                                 and device.type == "cpu"):
+            # the user's device="cuda": the fakes live on the CPU (graphmem.job.devices); "cpu:0"
+            # (torchrun programs' torch.device("cpu", LOCAL_RANK)): a real CPU tensor's device is
+            # "cpu" whatever the index asked for, a fake one would keep it and refuse to meet "cpu"
             kwargs = {**kwargs, "device": _FAKES_ON}
         self.dispatching += 1
         try:
@@ -132,10 +170,12 @@ class Recorder(TorchDispatchMode):
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.modules.note_sequence(module)
         self.pending = (str(func), module)  # named in the error if the op raises
-        if self.phase in (Phase.FORWARD, Phase.LOSS) and len({t.dtype for t in in_tensors}) > 1:
+        kernel = isinstance(func, HigherOrderOperator)  # one of _ONE_KERNEL: run as it is
+        if self.phase in (Phase.FORWARD, Phase.LOSS) and len({t.dtype for t in in_tensors}) > 1 and not kernel:
             self._dtypes.refuse(func, args, kwargs, str(func), module)
         scratch = self._scratch(func, args, kwargs)
-        out = fixed_outputs(self._rules, func, args, kwargs, fresh_outputs(func, self._run(func, args, kwargs)))
+        out = func(*args, **kwargs) if kernel else \
+            fixed_outputs(self._rules, func, args, kwargs, fresh_outputs(func, self._run(func, args, kwargs)))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_sids = tuple(dict.fromkeys(self.books.track(t, index).sid for t in out_tensors))
         if self.books.on_gpu is not None:

@@ -66,7 +66,8 @@ class StorageBooks:
         self.owner: dict[int, str] = {}  # sid -> parameter name, for gradients and optimizer state
         self._live: dict[int, LiveStorage] = {}  # storage cdata -> record, for unreleased storages
         self._polled: set[int] = set()  # the unreleased storages that may be released
-        self._watched: dict[int, weakref.ref[torch.Tensor]] = {}  # id(tensor) -> ref that flags its storage
+        # id(tensor) -> the ref that flags its storages when it dies, and those storages
+        self._watched: dict[int, tuple[weakref.ref[torch.Tensor], list[int]]] = {}
         self._dropped: list[int] = []  # storages one of whose tensors died since the last poll
         self._check_all = os.environ.get("GRAPHMEM_CHECK_EVERY_STORAGE") == "1"
         self._replaced: list[tuple[torch.Tensor, LiveStorage, int]] = []  # buffers assigned over: (old, record, at)
@@ -74,6 +75,7 @@ class StorageBooks:
         # GPU's; see place); None: every storage is the device's
         self.on_gpu: set[int] | None = None
         self.mapped: set[int] = set()  # storages mapped from a file (a loaded checkpoint): 0 allocated bytes
+        self._emptied: dict[int, LiveStorage] = {}  # storage cdata -> its record when it was resized to 0
 
     def track(self, t: torch.Tensor, created: int) -> LiveStorage:
         """The record of ``t``'s storage, created now if unseen (a DTensor's: its local tensor's)."""
@@ -89,19 +91,37 @@ class StorageBooks:
         return rec
 
     def _watch(self, t: torch.Tensor, cdata: int) -> None:
-        """Flag ``cdata`` for the next poll when ``t`` dies (its storage may die with it)."""
+        """Flag ``cdata`` for the next poll when ``t`` dies (its storage may die with it).  A
+        tensor given another storage in place (``set_``: torch.load rebuilds every tensor so)
+        flags each of its storages when it dies, and its earlier ones at the next poll (the
+        one it let go of may have died now)."""
         key = id(t)
-        ref = self._watched.get(key)
-        if ref is not None and ref() is t:
+        entry = self._watched.get(key)
+        if entry is not None and entry[0]() is t:
+            if cdata not in entry[1]:
+                self._dropped.extend(entry[1])
+                entry[1].append(cdata)
             return
         dropped, watched = self._dropped, self._watched
+        storages = [cdata]
 
         def died(dead: weakref.ref[torch.Tensor]) -> None:
-            dropped.append(cdata)
-            if watched.get(key) is dead:
+            dropped.extend(storages)
+            now = watched.get(key)
+            if now is not None and now[0] is dead:
                 del watched[key]
 
-        self._watched[key] = weakref.ref(t, died)
+        self._watched[key] = (weakref.ref(t, died), storages)
+
+    def unwatch(self, t: torch.Tensor) -> bool:
+        """Drop the weak reference on ``t`` itself (``torch.utils.swap_tensors`` refuses a tensor
+        that has one); True when there was one: ``track`` it again to watch it."""
+        entry = self._watched.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return False
+        del self._watched[id(t)]
+        self._dropped.extend(entry[1])
+        return True
 
     def mark(self, t: torch.Tensor, role: Role, label: str = "", owner: str = "") -> None:
         """Give ``t``'s storage a role (parameter, gradient, saved, ...), a name, and the
@@ -117,7 +137,9 @@ class StorageBooks:
 
     def resized(self, t: torch.Tensor) -> None:
         """``t``'s storage was resized in place (FSDP2 frees and regrows unsharded parameters
-        so): its old size was live until the last op, the new one is live from the next."""
+        so): its old size was live until the last op, the new one is live from the next.  Grown
+        again after it was emptied, it is the same storage: its roles, name and place (on the GPU
+        or not) are the ones it had before."""
         cdata, ref, nbytes = storage_key(local_tensor(t))
         rec = self._live.get(cdata)
         if rec is not None and (rec.sizes[0] if rec.sizes else rec.nbytes) == expr_of(nbytes):
@@ -129,13 +151,20 @@ class StorageBooks:
             rec.released = max(now - 1, rec.created)
             del self._live[cdata]
             self._polled.discard(cdata)
-        if hint_of(nbytes):
-            new = LiveStorage(len(self.storages), ref, nbytes, now, t)
-            new.roles = {*(rec.roles if rec is not None else ()), Role.COMMUNICATION}
-            new.label = rec.label if rec is not None else ""
-            self.storages.append(new)
-            self._live[cdata] = new
-            self._polled.add(cdata)
+        emptied = self._emptied.pop(cdata, None)
+        before = emptied if emptied is not None and not emptied.ref.expired() else rec
+        if not hint_of(nbytes):
+            if before is not None:
+                self._emptied[cdata] = before
+            return
+        new = LiveStorage(len(self.storages), ref, nbytes, now, t)
+        new.roles = {*(before.roles if before is not None else ()), Role.COMMUNICATION}
+        new.label = before.label if before is not None else ""
+        if self.on_gpu is not None and before is not None and before.sid in self.on_gpu:
+            self.on_gpu.add(new.sid)
+        self.storages.append(new)
+        self._live[cdata] = new
+        self._polled.add(cdata)
 
     def place(self, device: Any, in_sids: tuple[int, ...], out_sids: tuple[int, ...], host_asked: bool) -> bool:
         """Where the storages an op made live, with ``on_gpu``: on the GPU when the op was asked

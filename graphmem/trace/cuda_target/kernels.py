@@ -143,8 +143,8 @@ class CudaKernels(TorchFunctionMode):
 
     def _attention(self, func: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         call = _Sdpa(*args, **kwargs)
-        q, k, v, mask, dropout_p, is_causal, scale = (call.q, call.k, call.v, call.attn_mask, call.dropout_p,
-                                                      call.is_causal, call.scale)
+        q, k, v, mask, dropout_p, is_causal, scale = (call.query, call.key, call.value, call.attn_mask,
+                                                      call.dropout_p, call.is_causal, call.scale)
         backend = select_sdpa_backend(q.dtype, q.shape[-1], mask is not None, self.gpu, self.sdpa)
         self.backends[backend] = self.backends.get(backend, 0) + 1
         self.calls.append((backend, self.position()))
@@ -166,11 +166,12 @@ class CudaKernels(TorchFunctionMode):
 
 @dataclass(frozen=True, slots=True)
 class _Sdpa:
-    """The arguments of one ``F.scaled_dot_product_attention`` call, by its own signature."""
+    """The arguments of one ``F.scaled_dot_product_attention`` call, by its own signature (its
+    parameter names too: transformers 4.4x's GPT-NeoX passes ``query=``, ``key=``, ``value=``)."""
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
     attn_mask: torch.Tensor | None = None
     dropout_p: float = 0.0
     is_causal: bool = False

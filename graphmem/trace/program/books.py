@@ -5,7 +5,9 @@ parameters, optimizers and steps) and ``hooks(books)``, the context manager that
 a module called from outside any module is a model (its parameters and buffers named, its tensor
 arguments the inputs, its outputs the outputs), autograd's ``backward`` the backward phase, any
 torch.optim optimizer's ``step`` the optimizer phase (its gradients and state named there, the
-values it reads from a real one-element copy), and ``Module._apply`` converting fake parameters.
+values it reads from a real one-element copy; a step that steps other optimizers is one step
+with them), ``Module._apply`` converting fake parameters, and ``torch.utils.swap_tensors``
+(behind ``_apply`` for DTensor parameters) with the recorder letting go of the two tensors.
 After the last step ``Enough`` is raised: not an Exception, so the program's ``finally`` blocks run.
 """
 
@@ -56,6 +58,9 @@ class Books:
         self.params: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> its name
         self.replicas: dict[int, torch.optim.Optimizer | None] = {}
         self.reads: dict[str, int] = {}  # the program's line -> reads answered there
+        # the optimizer steps running now, outermost first: whether another ran inside each (a
+        # container of optimizers, as torchtitan's, steps each of its own inside its step)
+        self.stepping: list[bool] = []
 
     # -- modules ----------------------------------------------------------------------
     def adopt(self, model: nn.Module) -> None:
@@ -125,8 +130,9 @@ class Books:
         recorder = self.recorder
         if self._is_replica(opt):
             return None
-        if type(opt).__name__ not in self.optimizers:
-            self.optimizers.append(type(opt).__name__)
+        if self.stepping:
+            self.stepping[-1] = True
+        self.stepping.append(False)
         for g, group in enumerate(opt.param_groups):
             for i, p in enumerate(group["params"]):
                 self.parameter(p, f"param_groups[{g}][{i}]")
@@ -156,11 +162,15 @@ class Books:
         recorder = self.recorder
         if self._is_replica(opt):
             return
+        if not self.stepping.pop() and type(opt).__name__ not in self.optimizers:
+            self.optimizers.append(type(opt).__name__)  # one that stepped no other: it updates parameters
         for p, state in opt.state.items():
             name = self.params.get(p, "") if isinstance(p, torch.Tensor) else ""
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     recorder.mark(value, Role.OPTIMIZER_STATE, f"{name}.{key}", owner=name)
+        if self.stepping:  # inside another optimizer's step: part of that one
+            return
         recorder.poll()
         self.done += 1
         if self.done >= self.steps:
@@ -217,7 +227,7 @@ def _replica(opt: torch.optim.Optimizer, gpu: bool) -> torch.optim.Optimizer | N
             group["foreach"] = True
     try:
         return type(opt)(groups, **_required(opt))
-    except (TypeError, ValueError, RuntimeError):
+    except Exception:  # broad: a class made from something else than param groups (a container of optimizers)
         return None
 
 
@@ -304,13 +314,18 @@ def hooks(books: Books) -> Iterator[None]:
             recorder.phase = before
 
     made = torch.optim.Optimizer.__init__
+    swap = torch.utils.swap_tensors
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:  # Module._apply's for DTensor parameters
+        with recorder.swapping(t1, t2, (books.params,)):
+            swap(t1, t2)
 
     def optimizer_made(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         made(opt, *args, **kwargs)
         books.optimizer_made = books.optimizer_made or not books.making_replica
 
     with patched((torch.autograd, "backward", run_backward), (torch.autograd, "grad", run_grad),
-                 (torch.optim.Optimizer, "__init__", optimizer_made),
+                 (torch.optim.Optimizer, "__init__", optimizer_made), (torch.utils, "swap_tensors", swap_tensors),
                  (torch, "compile", _eager_compile), (nn.Module, "_apply", _applying(nn.Module._apply, recorder))), \
             torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), fakes_take_foreach_paths():
         handles = [nn.modules.module.register_module_parameter_registration_hook(

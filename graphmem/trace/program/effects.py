@@ -15,6 +15,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import runpy
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -25,17 +26,22 @@ from graphmem.patching import replaced_everywhere
 
 __all__ = ["program_line", "skipping_saves"]
 
+_RUNPY = frozenset({"<frozen runpy>", runpy.__file__})
 _NOT_THE_PROGRAM = ("/torch/", "/graphmem/", "/safetensors/", "runpy.py", "<frozen", "<string>")
 
 
 def program_line() -> str:
     """``file:line`` of the innermost frame on the stack in the program's own code (not an
-    installed library's); else in an installed library's (transformers' Trainer), never
-    torch's or graphmem's."""
+    installed library's); else in an installed library's (transformers' Trainer, a recipe
+    installed with its library), never torch's or graphmem's.  Only the frames inside the
+    innermost ``runpy`` run count: the ones outside it ran the program (graphmem's command;
+    a launcher script that runs the trainer with runpy, as torchtitan's ``-m`` launch)."""
     frame = sys._getframe(1)
     library = None
     while frame is not None:
         path = frame.f_code.co_filename
+        if path in _RUNPY:
+            break
         kind = _kind(path)
         if kind == "program":
             return _line(path, frame.f_lineno)

@@ -40,6 +40,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from graphmem._torch_api import fake_mode_without_cuda, fakes_show_device, parse_to, tree_flatten
+from graphmem.errors import UnsupportedError
 from graphmem.patching import patched
 from graphmem.records import Trace
 from graphmem.trace.core.recorder import Recorder
@@ -51,6 +52,7 @@ __all__ = ["GpuMemory", "GpuTarget", "on_the_gpu"]
 _CUDA = torch.device("cuda", 0)
 _CPU = torch.device("cpu")
 _COPY = torch.ops.aten._to_copy.default
+_NCCL_VERSION = (2, 21, 5)  # what torch.cuda.nccl.version() answers: a recent NCCL (programs check minimums)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,14 @@ class _Stream:
 
     def is_capturing(self) -> bool:  # no CUDA graph is captured
         return False
+
+
+def _no_cuda_graphs(name: str) -> Callable[..., Any]:
+    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead."""
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedError(f"the program captures a CUDA graph (torch.cuda.{name}), which graphmem run does not "
+                               "model yet: run it without CUDA graphs (torchtitan: --training.disable_cuda_graphs)")
+    return refuse
 
 
 class _OnDevice:
@@ -341,6 +351,8 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "initial_seed": lambda: 0, "seed": lambda: None, "seed_all": lambda: None,  # torch.cuda rng
         "memory_summary": lambda device=None, abbreviated=False: _summary(counters.now()),
         "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
+        **{name: _no_cuda_graphs(name) for name in ("graph_pool_handle", "CUDAGraph", "graph",
+                                                    "make_graphed_callables")},
     }
     # torch.accelerator (accelerate and transformers ask it which device there is): the same GPU
     accelerator: dict[str, Any] = {
@@ -353,11 +365,16 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
                                             "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
                                             "reset_accumulated_memory_stats")},
     }
+    import torch.cuda.nccl as nccl
     import torch.cuda.nvtx as nvtx  # profiler ranges: marks on nothing
+    import torch.distributed as dist
 
     ranges = {"range_push": lambda msg: 0, "range_pop": lambda: 0, "range_start": lambda msg: 0,
               "range_end": lambda handle: None, "mark": lambda msg: None, "range": _OnDevice}
-    return [*((torch.cuda, name, value) for name, value in answers.items()),
+    # a CUDA build of torch has NCCL (torchtune checks it, and its version, before it takes bf16)
+    communication = [(nccl, "version", lambda: _NCCL_VERSION), (nccl, "is_available", lambda tensors: True),
+                     *([(dist, "is_nccl_available", lambda: True)] if dist.is_available() else [])]
+    return [*((torch.cuda, name, value) for name, value in answers.items()), *communication,
             *((nvtx, name, value) for name, value in ranges.items()),
             *((torch.accelerator, name, value) for name, value in accelerator.items()
               if hasattr(torch.accelerator, name))]

@@ -1,7 +1,8 @@
 """One rank of a program launched as ``torchrun --nproc-per-node N`` would launch it.
 
-Input: the ``Program`` and the rank.  Output: ``as_rank``, a context manager under which the
-program sees torchrun's environment for that rank (RANK, LOCAL_RANK, WORLD_SIZE, ...), and
+Input: the ``Program`` and the rank.  Output: ``as_rank``, a context manager under which a
+program launched by torchrun (``--nproc-per-node``, one process too) sees torchrun's
+environment for that rank (RANK, LOCAL_RANK, WORLD_SIZE, ...), and
 ``torch.distributed.init_process_group`` (any backend, any init method) starts torch's fake
 process group of N ranks as that rank: collectives move nothing and wait for no one, and
 PyTorch's own engines (DDP, FSDP2, DeviceMesh, tensor parallel) run on it as under ``analyze
@@ -72,7 +73,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
     tensor the program holds from now on (the recorder's); ``groups``: told the size of each
     process group the program made, at the end (NCCL holds a communicator for each)."""
     world = program.world_size
-    if world == 1:
+    if not program.launched:  # python's one process: no torchrun environment, the program's own init
         yield
         return
     import torch.distributed as dist

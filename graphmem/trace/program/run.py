@@ -31,6 +31,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from graphmem._torch_api import (
     data_loading_in_process,
@@ -70,16 +71,38 @@ class ProgramTrace:
     communicators: int = 0  # process groups of more than one rank it made (NCCL: a communicator each)
 
 
+# process-wide singletons a program sets up once and a second program in the same process may
+# not change: accelerate's state (its device, "cuda" on a GPU target) is kept as it was before
+_SINGLETONS = (("accelerate.state", ("PartialState", "AcceleratorState", "GradientState")),)
+
+
+def _singletons() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each loaded singleton's shared state, with a copy of what it holds now."""
+    found = []
+    for module_name, names in _SINGLETONS:
+        module = sys.modules.get(module_name)
+        for name in names:
+            shared = getattr(getattr(module, name, None), "_shared_state", None)
+            if isinstance(shared, dict):
+                found.append((shared, dict(shared)))
+    return found
+
+
 @contextlib.contextmanager
 def _as_main(program: Program) -> Iterator[None]:
-    """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program; restored after."""
+    """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program; restored after,
+    with the singletons of ``_SINGLETONS`` (the program may have made them for a fake GPU)."""
     argv, path = sys.argv[:], sys.path[:]
+    before = {id(shared): copy for shared, copy in _singletons()}
     sys.argv = [program.target, *program.argv]
     sys.path.insert(0, os.getcwd() if program.module else os.path.dirname(os.path.abspath(program.target)))
     try:
         yield
     finally:
         sys.argv[:], sys.path[:] = argv, path
+        for shared, _ in _singletons():
+            shared.clear()
+            shared.update(before.get(id(shared), {}))
 
 
 def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int = 0) -> ProgramTrace:

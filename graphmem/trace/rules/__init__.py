@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphmem.trace.rules import (  # noqa: F401  (register their rules)
+    blas,
     bounds,
     grouped_mm,
     loss,

@@ -191,10 +191,11 @@ def _resolved(op: OpOverload | str) -> OpOverload | None:
     return found if isinstance(found, OpOverload) else None
 
 
-def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+def scratch_bytes(rule: Rule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | torch.SymInt:
     """Call ``rule`` on metadata (tensors already replaced by ``ArgMeta``) and check its answer."""
     result = rule(args, kwargs)
-    if not isinstance(result, int) or result < 0:
+    # a symbolic size (graphmem.trace.symbolic) gives a SymInt, which the recorder keeps as a formula
+    if not isinstance(result, (int, torch.SymInt)) or result < 0:
         raise AssertionError(f"scratch_bytes: rule {rule.__qualname__} returned {result!r}, "
                              "expected a non-negative int")
     return result

@@ -58,6 +58,12 @@ class ValueAnswers:
         self._replica: list[Any] = []  # values the optimizer step reads, from graphmem.trace.step.replica
         self._replica_index = 0
 
+    def weak_tables(self) -> tuple[list[Any], list[Any]]:
+        """The tables that hold tensors by weak reference (graphmem.trace.core.recorder's swap):
+        of their values, and of the tensors themselves."""
+        values, kept = self.shadows.weak_tables()
+        return [*values, *self.counts.weak_tables()], kept
+
     def use_replica(self, reads: list[Any]) -> None:
         """The optimizer step's reads from now on: ``reads``, in order (graphmem.trace.step.replica)."""
         self._replica, self._replica_index = reads, 0

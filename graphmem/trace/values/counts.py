@@ -83,6 +83,10 @@ class NonzeroCounts:
         self._pieces: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask or its indices -> ((k, _Positions), ...)
         self._parts: WeakIdKeyDictionary = WeakIdKeyDictionary()  # values -> ((k, _Range), ...)
 
+    def weak_tables(self) -> list[WeakIdKeyDictionary]:
+        """The tables that hold tensors by weak reference (graphmem.trace.core.recorder's swap)."""
+        return [self._most, self._compared, self._points, self._pieces, self._parts]
+
     def most(self, t: Any) -> int | None:
         """At most how many elements of ``t`` are nonzero; None: not known (up to its size)."""
         return self._most.get(t) if isinstance(t, torch.Tensor) else None

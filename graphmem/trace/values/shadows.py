@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import OP_ERRORS, hint_of, is_fake, tree_flatten, tree_map, unset_fake_temporarily
+from graphmem._torch_api import OP_ERRORS, hint_of, holds_fakes, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.job.spec import BELOW, ROUTINGS
 from graphmem.job.values import UNINITIALISED
 from graphmem.trace.rules import ops
@@ -116,10 +116,15 @@ class Shadows:
         if not isinstance(t, torch.Tensor):
             return None
         found: _Shadow | None = self._shadows.get(t)
-        if found is None and not is_fake(t) and t.device.type != "meta" \
+        if found is None and not holds_fakes(t) and t.device.type != "meta" \
                 and (self.real_limit is None or t.numel() <= self.real_limit):
             found = _Shadow(t, frozenset())
         return found
+
+    def weak_tables(self) -> tuple[list[WeakIdKeyDictionary], list[WeakIdKeyDictionary]]:
+        """The tables that hold tensors by weak reference (graphmem.trace.core.recorder's swap):
+        of their values (a swap swaps them), and of the tensors themselves (kept)."""
+        return [self._shadows], [self._unfollowed]
 
     def forget(self, t: torch.Tensor) -> None:
         """``t`` holds values no shadow follows, now and from now on (a parameter: initialised at

@@ -26,6 +26,7 @@ NO_TORCH = [
     (["analyze", "--html", "report.txt"], 2), (["analyze", "--output", "/nonexistent/folder/report.txt"], 2),
     (["analyze", "--sweep", "bad"], 2), (["max-batch", "--input", "Bx4", "--input", "Sx4"], 2),
     (["run", "--sdpa", "bogus"], 2), (["analyze", "--format", "json", "--preset", "nope"], 2),
+    (["check", "--metric", "bogus"], 2),
 ]
 
 

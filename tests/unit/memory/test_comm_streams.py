@@ -201,6 +201,14 @@ def test_a_run_on_one_gpu_shows_no_nccl_buffers() -> None:
     data = json.loads(_cli("--format", "json"))
     assert "nccl_buffer_bytes" not in data["train"]
     assert data["train"]["nvidia_smi_estimate_bytes"] == data["train"]["reserved_peak_bytes"] + H100_CONTEXT
+    # each metric labelled: active = allocated (no stream waits modelled), the context on its own
+    assert data["train"]["active_peak_bytes"] == data["train"]["allocated_peak_bytes"]
+    assert data["train"]["cuda_context_bytes"] == H100_CONTEXT
+    text = _cli()
+    for label in ("allocated peak (max_memory_allocated)", "peak active (active_bytes.all.peak)",
+                  "reserved peak (max_memory_reserved)", "CUDA context (outside the allocator)",
+                  "nvidia-smi estimate (+ CUDA context)"):
+        assert label in text
 
 
 def test_a_bad_nccl_buffer_size_is_a_usage_error() -> None:

@@ -99,6 +99,32 @@ def test_plan_offers_expandable_segments_as_an_analysed_row(gap: dict[str, int])
     assert f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE} in the job's environment" in text
 
 
+def test_metric_chooses_the_number_compared_with_the_budget(gap: dict[str, int]) -> None:
+    """At a budget between the allocated and the reserved peak (each with the CUDA context):
+    --metric allocated fits, reserved (the default) and nvidia-smi do not; nvidia-smi's estimate
+    is the reserved peak plus the context, so it gives the same verdict."""
+    args = ["check", MLP, "--input", "32x1000", *H100, "--budget", f"{gap['budget']}B"]
+    default, reserved = _json(*args), _json(*args, "--metric", "reserved")
+    assert default == reserved and default["metric"] == "reserved_peak_bytes"
+    allocated = _json(*args, "--metric", "allocated")
+    assert allocated["fits"] is True and allocated["metric"] == "allocated_peak_bytes"
+    assert allocated["compared_bytes"] == gap["allocated"] + H100_CONTEXT
+    assert allocated["expandable_segments"] is None  # no allocator remedy for the tensors themselves
+    smi = _json(*args, "--metric", "nvidia-smi")
+    assert smi["fits"] is False and smi["metric"] == "nvidia_smi_estimate_bytes"
+    assert smi["compared_bytes"] == smi["nvidia_smi_estimate_bytes"] == gap["reserved"] + H100_CONTEXT
+    assert smi["active_peak_bytes"] == smi["allocated_peak_bytes"]  # no block waits on another stream
+    assert _run(*args, "--metric", "allocated")[0] == 0 and _run(*args, "--metric", "nvidia-smi")[0] == 1
+    code, text = _run(*args, "--metric", "nvidia-smi")
+    assert "(the verdict compares the nvidia-smi estimate, --metric nvidia-smi" in text
+    assert re.search(r"^peak active +\S+ \S+ +memory_stats\(\)\['active_bytes.all.peak'\]", text, re.M), text
+
+
+def test_metric_on_the_cpu_target_is_a_usage_error() -> None:
+    code, text = _run("check", MLP, "--input", "32x1000", "--budget", "1GiB", "--metric", "allocated")
+    assert code == 2 and "--metric allocated names one of a GPU's numbers" in text
+
+
 def test_max_batch_answers_what_check_says() -> None:
     common = ["--input", "Bx1000", *H100, "--budget", "700MiB"]
     found = _json("max-batch", MLP, *common)

@@ -60,6 +60,21 @@ def test_flash_attention_saves_logsumexp_not_the_score_matrix() -> None:
     assert saved != cpu
 
 
+class KeywordAttention(Attention):
+    """As transformers 4.4x's GPT-NeoX calls it: query=, key=, value= by name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.view(2, 128, 4, 16).transpose(1, 2) for t in self.qkv(x).split(64, -1))
+        return self.drop(F.scaled_dot_product_attention(query=q, key=k, value=v, is_causal=True))
+
+
+def test_attention_called_with_keywords_is_the_same_kernel() -> None:
+    by_name = graphmem.analyze(KeywordAttention, ["2x128x64:bf16"], mode="train", device="cuda", dtype=torch.bfloat16)
+    assert by_name.train is not None and by_name.train.sdpa_backends == {"flash": 2}  # two iterations
+    assert _saved(by_name) == _saved(graphmem.analyze(Attention, ["2x128x64:bf16"], mode="train", device="cuda",
+                                                      dtype=torch.bfloat16))
+
+
 def test_fused_dropout_saves_a_bool_mask() -> None:
     report = graphmem.analyze(Attention, ["2x128x64"], mode="train", device="cuda")
     assert ((2, 4, 128, 16), "bool") in _saved(report)

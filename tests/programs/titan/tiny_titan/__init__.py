@@ -1,0 +1,1 @@
+"""torchtitan configs for tests/programs/titan/train.py (``--module tiny_titan``)."""
