@@ -454,8 +454,10 @@ main.add_command(max_batch_command, name="max-seq")
 @click.option("--front-points", type=click.IntRange(min=2), default=8, show_default=True,
               help="With --policy: points of the front analysed (each an analysis of the whole step).")
 @click.option("--policy-save", default="", metavar="OPS",
-              help="With --policy: each block may also be checkpointed selectively, keeping the outputs of "
-                   "these ops (matmuls, attention or aten op names) and recomputing the rest. Implies --policy.")
+              help="With --policy: choose per block among kept, checkpointed whole, and checkpointed keeping the "
+                   "outputs of these ops (selective: matmuls, attention or aten op names, comma-separated, e.g. "
+                   "matmuls,attention) and recomputing the rest; the emitted module keeps them in its SELECTIVE "
+                   "blocks. Implies --policy.")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
                  debug: bool, world_size: int | None, prune_amount: float, group_size: int, policy: bool,
                  emit_policy: str | None, policy_curve: str | None, front_points: int, policy_save: str,
@@ -463,7 +465,8 @@ def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units:
     """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
     accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
     predicted peak, saving and extra compute; and why training takes N times inference.  With
-    --policy: which blocks to checkpoint for the least recompute that fits.
+    --policy: which blocks to checkpoint for the least recompute that fits (with --policy-save OPS,
+    also which of them keep those ops' outputs).
 
     Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
     """

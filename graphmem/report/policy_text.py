@@ -71,8 +71,9 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
 
 def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     rows = []
+    chosen = (policy.chosen.blocks, policy.chosen.selective) if policy.chosen is not None else None
     for point in policy.front:
-        mark = "<- chosen" if policy.chosen is not None and point.blocks == policy.chosen.blocks else ""
+        mark = "<- chosen" if (point.blocks, point.selective) == chosen else ""
         rows.append([_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}",
                      "0" if not point.recompute_flops else f"{point.extra_compute:+.1%}",
                      "yes" if point.fits else "no", mark])
