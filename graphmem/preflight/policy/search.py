@@ -24,6 +24,7 @@ from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
+from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite
 from graphmem.preflight.policy.solve import SOLVER, pareto_front
 from graphmem.preflight.search import Prediction, predict
@@ -316,6 +317,8 @@ class _Verifier:
                  done: Mapping[tuple[int, ...], Prediction]) -> None:
         self.choices, self.composite, self.budget = choices, composite, budget
         self.flops = _train(base).flops
+        # on a GPU, what the budget compares besides the tensors: the CUDA context, NCCL's buffers
+        self.outside = footprint_of(base.report, "train").outside_bytes
         self.done: dict[tuple[int, ...], Prediction] = dict(done)
         self.analyses = 0  # made here, to verify
 
@@ -348,10 +351,10 @@ def _choice_of(made: CheckpointChoice, n: int) -> tuple[int, ...]:
 def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]]) -> CheckpointChoice | None:
     """The first point of the front, by recompute, whose analysed peak fits.  The composite's
     peak passes over the points that cannot fit (what the budget compares is never below the
-    tensor bytes); the analysis decides for the others, in order (on the CPU the first is the
-    answer wherever the composite is exact)."""
+    tensor bytes, plus on a GPU what lives outside the allocator); the analysis decides for the
+    others, in order (on the CPU the first is the answer wherever the composite is exact)."""
     for choice in front:
-        if verify.budget.fits(verify.composite.peak(choice)):
+        if verify.budget.fits(verify.composite.peak(choice) + verify.outside):
             made = verify.choice(choice)
             if made.fits:
                 return made
