@@ -194,7 +194,13 @@ class _Program:
             return None
         best = self.scaled_cost(first)
         tied = self._better(first, self.solve(self.peak, [*limit, self.cost <= best], cap, cut=False, quick=True))
-        return self._earliest(tied)
+        # among those, the fewest and earliest blocks (the same answer every time, and the
+        # nearest to "the first k blocks")
+        lowest = self.composite.peak(tied)
+        order = self.pulp.lpSum((i + 1) * self.x[i][k] for i in range(self.composite.blocks)
+                                for k in range(1, self.composite.variants))
+        fewest = self.solve(order, [self.peak <= self._cap(lowest), self.cost <= best], lowest, cut=False, quick=True)
+        return self._earliest(self._better(tied, fewest))
 
     def _earliest(self, choice: tuple[int, ...]) -> tuple[int, ...]:
         """``choice`` with its checkpointed blocks moved to earlier ones where that costs no more
