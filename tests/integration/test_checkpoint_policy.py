@@ -6,7 +6,9 @@ a local config, at three budgets each taken from measured peaks: the emitted mod
 byte, and fits the budget.  Optimality: every per-block choice is run for real, and none with less
 recompute (the blocks' forward FLOPs counted by torch's FlopCounterMode on a real forward, or, for
 blocks alike, their number) fits.  A budget no choice meets is reported with the lowest peak a
-real run of any choice reaches.  No expected value is computed by graphmem.
+real run of any choice reaches.  With ``--policy-save``, the same for a mix of kept, whole and
+selective blocks (GPT, Llama); a transformers ViT at one budget.  No expected value is computed by
+graphmem.
 """
 
 from __future__ import annotations
@@ -303,3 +305,40 @@ def test_selective_policy_run_for_real_fits_with_the_fewest_whole_blocks(name: s
     if plan.transformers:
         real = _measure(case, lambda: module.enable_transformers_checkpointing(case.build()))
         assert real == chosen.peak_bytes
+
+
+# --- a ViT from transformers (issue 31's third architecture), at one budget: a plan is an analysis
+# of the whole step several times over, and the suite's time is counted ------------------------
+
+VIT = dict(image_size=32, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+           intermediate_size=64, num_labels=10)
+
+
+def build_vit() -> nn.Module:
+    T = installed("transformers")
+    return T.ViTForImageClassification(T.ViTConfig(**VIT))
+
+
+def _measure_vit(build: Callable[[], nn.Module], **options: Any) -> int:
+    torch.manual_seed(1)
+    kw = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.randint(0, 10, (2,))}
+    return measure_training(build, [], OPTIMIZERS["adamw"], "auto", kw_inputs=kw, **options).peak_bytes
+
+
+def test_vit_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path: Path) -> None:
+    """65 tokens of 32 features, 3 ViTLayers: the activations outweigh the parameters and AdamW's
+    state, so checkpointing moves the peak. The budget is three quarters of the way from the real
+    peak with every layer checkpointed to the one with none."""
+    none = _measure_vit(build_vit)
+    every = _measure_vit(build_vit, checkpoint_classes=("ViTLayer",), checkpoint_blocks=(0, 1, 2))
+    assert every < none
+    budget = every + (none - every) * 3 // 4
+    job = make_job(build_vit, ("pixel_values=2x3x32x32", "labels=2:int64"), mode="train", optimizer="adamw",
+                   loss="auto")
+    made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert made is not None and made.chosen is not None and made.chosen.blocks, (budget, made)
+    module = emitted(made, tmp_path)
+    real = _measure_vit(lambda: module.apply_policy(build_vit()))
+    assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
+    assert made.transformers
+    assert _measure_vit(lambda: module.enable_transformers_checkpointing(build_vit())) == real
