@@ -215,6 +215,18 @@ def count_optimizer_steps(after: Callable[[int], None]) -> list[Any]:
     return [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after_step)]
 
 
+def save_tiny_gpt2(folder: Any) -> tuple[Any, int]:
+    """A tiny GPT-2 saved with save_pretrained (safetensors), and its distinct parameter bytes
+    (the tied embedding once)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64))
+    model.save_pretrained(folder)
+    distinct = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return folder, sum(distinct.values())
+
+
 def measure_program(script: str, argv: Sequence[str] = (), steps: int = 2) -> Measured:
     """Run ``python SCRIPT ARGV`` for real, counting live storages from its first line, until
     its ``steps``-th optimizer step returns (torch.optim's global step hooks stop it; a step that

@@ -15,6 +15,7 @@ from graphmem import analyze, run_program
 from graphmem.cli import main
 from graphmem.cuda.gpus import get_gpu
 from tests.conftest import ROOT
+from tests.oracles import save_tiny_gpt2
 
 PROGRAMS = ROOT / "tests" / "programs"
 
@@ -122,18 +123,6 @@ def test_hf_trainer_on_the_gpu(tmp_path: object) -> None:
     assert gpu.sdpa_backends  # GPT-2's attention took a CUDA kernel
 
 
-def _checkpoint(folder: object) -> tuple[object, int]:
-    """A tiny GPT-2 saved with save_pretrained, and its distinct parameter bytes (tied once)."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64))
-    model.save_pretrained(folder)
-    distinct = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-    return folder, sum(distinct.values())
-
-
 def test_from_pretrained_reads_headers_only(tmp_path: object) -> None:
     """A checkpoint cut after its safetensors header (no weights at all) gives the same run as
     the whole one: nothing but the header was read.  The parameters on the GPU are the model's
@@ -142,7 +131,7 @@ def test_from_pretrained_reads_headers_only(tmp_path: object) -> None:
     from pathlib import Path
 
     pytest.importorskip("transformers")
-    full, params = _checkpoint(Path(str(tmp_path)) / "full")
+    full, params = save_tiny_gpt2(Path(str(tmp_path)) / "full")
     cut = Path(str(tmp_path)) / "cut"
     cut.mkdir()
     for f in Path(str(full)).iterdir():

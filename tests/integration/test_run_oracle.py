@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from graphmem import run_program
 from graphmem.cli import main
 from tests.conftest import ROOT
-from tests.oracles import measure_program
+from tests.oracles import measure_program, save_tiny_gpt2
 
 PROGRAMS = ROOT / "tests" / "programs"
 
@@ -54,6 +54,20 @@ def test_accelerate_loop() -> None:
     DataLoader; accelerator.backward), as `accelerate launch` runs it on one process."""
     pytest.importorskip("accelerate")  # imported before both: its import-time tensors count in neither
     _equal(PROGRAMS / "accelerate_loop.py", [])
+
+
+def test_fine_tuning_from_a_checkpoint(tmp_path: Path) -> None:
+    """from_pretrained of a safetensors checkpoint, then AdamW steps: safetensors memory-maps
+    the file and the parameters are those mappings, which PyTorch's allocator never allocated
+    (graphmem counts them as 0); the real run's count has them, as every storage an op reads.
+    Nothing else differs, step by step: transformers' loading threads are not left out."""
+    pytest.importorskip("transformers")
+    folder, params = save_tiny_gpt2(tmp_path / "checkpoint")
+    script = str(PROGRAMS / "from_pretrained.py")
+    real = measure_program(script, [str(folder)], 2)
+    predicted = run_program(script, [str(folder)], steps=2).train
+    assert predicted is not None and predicted.params_bytes == 0
+    assert [real.phase_peaks[f"step {k + 1}"] - params for k in range(2)] == list(predicted.iteration_peaks)
 
 
 def test_hf_trainer_script(tmp_path: Path) -> None:

@@ -76,6 +76,12 @@ class ProgramTrace:
 _SINGLETONS = (("accelerate.state", ("PartialState", "AcceleratorState", "GradientState")),)
 
 
+# the program's environment: transformers loads a checkpoint's tensors in a pool of threads
+# unless told not to, and a thread's ops are not seen by the recording (dispatch modes belong
+# to the thread that entered them); loaded in the program's thread, the same tensors result
+_ENVIRON = {"HF_DEACTIVATE_ASYNC_LOAD": "1"}
+
+
 def _singletons() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each loaded singleton's shared state, with a copy of what it holds now."""
     found = []
@@ -90,16 +96,24 @@ def _singletons() -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 @contextlib.contextmanager
 def _as_main(program: Program) -> Iterator[None]:
-    """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program; restored after,
-    with the singletons of ``_SINGLETONS`` (the program may have made them for a fake GPU)."""
+    """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program, and ``_ENVIRON``;
+    restored after, with the singletons of ``_SINGLETONS`` (the program may have made them
+    for a fake GPU)."""
     argv, path = sys.argv[:], sys.path[:]
     before = {id(shared): copy for shared, copy in _singletons()}
+    environ = {name: os.environ.get(name) for name in _ENVIRON}
+    os.environ.update(_ENVIRON)
     sys.argv = [program.target, *program.argv]
     sys.path.insert(0, os.getcwd() if program.module else os.path.dirname(os.path.abspath(program.target)))
     try:
         yield
     finally:
         sys.argv[:], sys.path[:] = argv, path
+        for name, value in environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         for shared, _ in _singletons():
             shared.clear()
             shared.update(before.get(id(shared), {}))
