@@ -358,7 +358,24 @@ def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]]) -> CheckpointCh
             made = verify.choice(choice)
             if made.fits:
                 return made
-    return None
+    # on a GPU the allocator's blocks, which the composite does not know, can put a choice it
+    # ranks higher (a recording: every block checkpointed) under the budget; on the CPU, where
+    # the composite is exact, none of these fits either
+    fitting = [made for made in _analysed(verify) if made.fits]
+    return min(fitting, key=lambda made: (made.recompute_flops, made.peak_bytes), default=None)
+
+
+def _analysed(verify: _Verifier) -> list[CheckpointChoice]:
+    """Every choice analysed so far (the recordings among them)."""
+    return [verify.choice(choice) for choice in list(verify.done)]
+
+
+def _lowest(verify: _Verifier, last: tuple[int, ...]) -> CheckpointChoice:
+    """The lowest analysed peak: the front's last point (``last``), unless a choice analysed
+    anyway is lower (on a GPU, by the allocator's blocks: the composite ranks tensor bytes)."""
+    verify.analyse([last])
+    return min(_analysed(verify), key=lambda made: (made.peak_bytes, made.recompute_flops,
+                                                     _choice_of(made, len(last)) != last))
 
 
 def _spread(front: Sequence[tuple[int, ...]], most: int, keep: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -374,7 +391,7 @@ def _answer(verify: _Verifier, front: list[tuple[int, ...]], cls: str, paths: tu
             transformers: bool, recordings: int) -> PolicyPlan:
     n = len(paths)
     chosen = _chosen(verify, front)
-    lowest = verify.choice(front[-1])
+    lowest = _lowest(verify, front[-1])
     keep = [front[-1], *([_choice_of(chosen, n)] if chosen else [])]
     shown = _spread(front, points, keep)
     verify.analyse(shown)
