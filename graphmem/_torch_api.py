@@ -41,6 +41,7 @@ else:
 __all__ = [
     "data_loading_in_process",
     "fakes_show_device",
+    "dispatch_modes_pushed",
     "process_group_sizes",
     "fake_mode_without_cuda",
     "parse_to",
@@ -386,6 +387,26 @@ def parse_to(*args: Any, **kwargs: Any) -> tuple[torch.device | None, torch.dtyp
     them (``Module.to`` does the same)."""
     parsed: tuple[torch.device | None, torch.dtype | None, bool, Any] = torch._C._nn._parse_to(*args, **kwargs)
     return parsed
+
+
+@contextlib.contextmanager
+def dispatch_modes_pushed(seen: Callable[[TorchDispatchMode], None]) -> Iterator[None]:
+    """Inside, ``seen(mode)`` is called on every TorchDispatchMode as it is entered, before it
+    goes on torch's dispatch mode stack (``torch.utils._python_dispatch._push_mode``, which
+    ``TorchDispatchMode.__enter__`` calls)."""
+    from torch.utils import _python_dispatch
+
+    push = _python_dispatch._push_mode
+
+    def pushed(mode: TorchDispatchMode) -> None:
+        seen(mode)
+        push(mode)
+
+    _python_dispatch._push_mode = pushed
+    try:
+        yield
+    finally:
+        _python_dispatch._push_mode = push
 
 
 @contextlib.contextmanager

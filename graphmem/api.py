@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -14,7 +15,7 @@ import torch
 
 from graphmem import interrupts, progress
 from graphmem._torch_api import OP_ERRORS, OpOverload
-from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
+from graphmem.cuda.alloc_conf import AllocatorConfig, alloc_conf_from_environment, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.cuda.nccl import nccl_buffer_bytes
 from graphmem.errors import GraphmemError, UserInputError
@@ -43,6 +44,7 @@ from graphmem.trace import (
     GpuMemory,
     GpuTarget,
     Recording,
+    Spoiled,
     distinct_ranks,
     forks_ranks,
     record_ranks,
@@ -51,7 +53,7 @@ from graphmem.trace import (
     trace_program,
 )
 from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.workers import fork_each, fork_map, processes
+from graphmem.workers import fork_each, fork_map, fork_once, processes
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve", "run_program"]
 
@@ -368,7 +370,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
     chosen = program_ranks(ranks, program.world_size)
 
-    def one(rank: int) -> tuple[ModeReport, str]:
+    def one(rank: int, cut: bool = False) -> tuple[ModeReport, str]:
         target = None
         if cuda is not None:
             def memory(trace: Trace, since: int) -> GpuMemory:
@@ -381,8 +383,9 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
 
             target = GpuTarget(cuda[0].product, cuda[0].total_memory_bytes, cuda[0].compute_capability,
                                CudaKernels(cuda[0], sdpa), memory)
-        progress.show(f"running {program.command}" + (f" as rank {rank}" if program.world_size > 1 else ""))
-        traced = trace_program(program, gpu=target, rank=rank)
+        progress.show(f"running {program.command}" + (f" as rank {rank}" if program.world_size > 1 else "")
+                      + (", its model's repeated blocks recorded once" if cut else ""))
+        traced = trace_program(program, gpu=target, rank=rank, cut=cut)
         progress.show(f"analysing {len(traced.trace.ops):,} ops")
         report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
         if cuda is not None and target is not None:
@@ -392,14 +395,34 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
         return report, traced.models[0] if traced.models else program.target
 
-    def forked(rank: int) -> tuple[ModeReport, str]:  # a graph does not pickle: bytes come back, not graphs
-        report, name = one(rank)
+    def repeated(rank: int) -> tuple[ModeReport, str]:
+        """The rank recorded with its model's stack of alike blocks cut to four (graphmem.trace.
+        program.stacks), in a process of its own: a recording that does not repeat by offset
+        (or fails) is thrown away and the rank recorded whole, here, as the process stood."""
+        whole = forked if len(chosen) > 1 else one  # (a graph does not pickle back from a rank's process)
+        if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") == "0":
+            return whole(rank)
+        tried = fork_once(lambda: forked(rank, True), what="recording a rank of the program")
+        if tried is None:  # no fork here: recorded whole
+            return whole(rank)
+        kind, value, written = tried
+        if kind == "raised" and isinstance(value, Spoiled):
+            progress.show(f"recording the whole model ({value})")
+            return whole(rank)
+        sys.stdout.write(written)
+        if kind == "raised":  # the program's own failure (nothing was cut), or an interruption
+            raise value
+        result: tuple[ModeReport, str] = value
+        return result
+
+    def forked(rank: int, cut: bool = False) -> tuple[ModeReport, str]:  # a graph does not pickle
+        report, name = one(rank, cut)
         return with_graph(report, torch.fx.Graph()), name
 
     if len(chosen) > 1:  # each rank a process of its own, as torchrun starts them: its own imports
-        made = fork_each(forked, chosen, what="running a rank of the program")
+        made = fork_each(repeated, chosen, what="running a rank of the program")
     else:
-        made = [one(rank) for rank in chosen]
+        made = [repeated(rank) for rank in chosen]
     recorded = [(rank, *result) for rank, result in zip(chosen, made, strict=True)]
     train, model = recorded[0][1], recorded[0][2]
     if program.world_size > 1:
@@ -474,7 +497,7 @@ def _cuda_target(job: Job) -> tuple[GPU, AllocatorConfig] | None:
 
 def _gpu_and_allocator(gpu: str, alloc_conf: str | None) -> tuple[GPU, AllocatorConfig]:
     """The GPU preset and the allocator settings (``alloc_conf`` None: PYTORCH_CUDA_ALLOC_CONF)."""
-    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
+    text = alloc_conf_from_environment() if alloc_conf is None else alloc_conf
     return get_gpu(gpu), parse_alloc_conf(text)
 
 

@@ -7,7 +7,7 @@ named ``*_bytes``; positions are int op indices ("steps").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum, unique
 from typing import Any
 
@@ -60,6 +60,11 @@ class OpRecord:
     flops: int = 0
     recompute: bool = False  # a forward op re-run in backward by activation checkpointing
     line: str = ""  # graphmem run: file:line of the program's code that ran it ("" elsewhere)
+    # a multi-tensor op's (``_foreach_*``, ``_fused_*``) tensor arguments' storages, one per
+    # tensor, repeats kept (``inputs`` names each storage once: FSDP2's gradients are views of
+    # one buffer per group); () for any other op.  Where each of its outputs comes from, for
+    # graphmem.trace.repeat; no part of what the op is
+    listed: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from graphmem import interrupts
 from graphmem.errors import TraceError
 
-__all__ = ["after_fork", "die_with_parent", "fork_each", "fork_map", "processes"]
+__all__ = ["after_fork", "die_with_parent", "fork_each", "fork_map", "fork_once", "processes"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -198,3 +198,67 @@ def fork_each(function: Callable[[T], R], items: Sequence[T], *, what: str) -> l
             raise value
         out.append(value)
     return out
+
+
+def fork_once(function: Callable[[], R], *, what: str) -> tuple[str, Any, str] | None:
+    """``function()`` in a process forked from this one as it is now, inside a worker too (a
+    try that may leave the process unfit to try again: one rank of a program recorded with its
+    model cut, graphmem.api.run_program): ("result", its result, what it wrote to
+    ``sys.stdout``), or ("raised", the exception, that), or None where there is no fork.
+    ``os.fork`` itself: a worker is a daemon process, which multiprocessing lets have none."""
+    if not hasattr(os, "fork"):
+        return None
+    import pickle
+    import select
+
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its result back through the pipe, then gone without running the parent's exit
+        os.close(readable)
+        code = 0
+        try:
+            after_fork(parent)
+            written = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(written):
+                    message: tuple[str, Any, str] = ("result", function(), "")
+            except BaseException as exc:  # broad: whatever the call raised is raised in the parent
+                message = ("raised", exc, "")
+            try:
+                data = pickle.dumps((message[0], message[1], written.getvalue()))
+            except Exception:  # broad: an exception that does not pickle is sent as its text
+                data = pickle.dumps(("raised", TraceError(f"{type(message[1]).__name__}: {message[1]}"),
+                                     written.getvalue()))
+            with os.fdopen(writable, "wb") as pipe:
+                pipe.write(data)
+        except BaseException:  # broad: nothing may escape into the parent's code
+            code = 1
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(writable)
+    chunks: list[bytes] = []
+    try:
+        with os.fdopen(readable, "rb") as pipe:
+            while True:
+                if not select.select([pipe], [], [], 0.05)[0]:
+                    interrupts.check()
+                    continue
+                chunk = os.read(pipe.fileno(), 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        os.waitpid(pid, 0)
+        pid = 0
+    finally:
+        if pid:  # an interrupted run stops now
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    if not chunks:  # it died without a word (killed for memory)
+        return ("raised", TraceError(f"a process {what} died (out of memory?)"), "")
+    result: tuple[str, Any, str] = pickle.loads(b"".join(chunks))
+    return result

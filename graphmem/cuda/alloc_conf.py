@@ -14,6 +14,7 @@ list must be well formed.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ __all__ = [
     "UNLIMITED",
     "AllocatorConfig",
     "MiB",
+    "alloc_conf_from_environment",
     "parse_alloc_conf",
 ]
 
@@ -76,6 +78,14 @@ class AllocatorConfig:
         if len(self.roundup_power2_divisions) != ROUNDUP_INTERVALS:
             raise AssertionError(f"AllocatorConfig: roundup_power2_divisions needs {ROUNDUP_INTERVALS} "
                                  f"entries, got {len(self.roundup_power2_divisions)}")
+
+
+def alloc_conf_from_environment() -> str:
+    """The allocator settings a process started now would run with: ``PYTORCH_ALLOC_CONF``,
+    or, when that is unset, the older ``PYTORCH_CUDA_ALLOC_CONF`` (torch 2.13's
+    ``AcceleratorAllocatorConfig::parseEnv`` reads them in that order); ``""`` for neither."""
+    text = os.environ.get("PYTORCH_ALLOC_CONF")
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if text is None else text
 
 
 def parse_alloc_conf(text: str) -> AllocatorConfig:

@@ -86,6 +86,9 @@ _PRESETS = (
     GPU("h100-94gb", "NVIDIA H100 NVL", 94 * 1024 * MiB,
         "NOT MEASURED: the marketing size (94 GB) read as GiB; expect torch to report ~1% less",
         (9, 0), "hopper"),
+    GPU("h100-96gb", "NVIDIA H100 96GB", 95 * 1024 * MiB,
+        "NOT MEASURED: torchtitan's docs/performance.md, its H100s (Grand Teton, 96GB HBM2e SXM, lower "
+        "TDP) 'with 95 GiB memory'; stored as 95 GiB, the product name assumed", (9, 0), "hopper"),
     GPU("h200", "NVIDIA H200", 143156 * MiB, _torch_mb(143156, "public script"), (9, 0), "hopper"),
     GPU("rtx-5090", "NVIDIA GeForce RTX 5090", 33_677_180_928,
         "deviceQuery '32117 MBytes (33677180928 bytes)', driver 12.8 "

@@ -24,10 +24,10 @@ The rule:
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
+from graphmem.cuda.alloc_conf import alloc_conf_from_environment
 from graphmem.memory.results import MemoryReport, ModeReport
 
 __all__ = ["Footprint", "compared_mode", "expandable_conf", "footprint_of", "needed_bytes"]
@@ -139,6 +139,6 @@ def _mode_footprint(report: MemoryReport, m: ModeReport, rank: int | None = None
 def expandable_conf(alloc_conf: str | None) -> str:
     """The job's PYTORCH_CUDA_ALLOC_CONF (``alloc_conf``; None: the environment's, as the
     analysis reads it) with ``expandable_segments:True`` in place of any setting of it."""
-    text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
+    text = alloc_conf_from_environment() if alloc_conf is None else alloc_conf
     kept = _EXPANDABLE_RE.sub("", text).strip().rstrip(",").strip()
     return f"{kept},expandable_segments:True" if kept else "expandable_segments:True"

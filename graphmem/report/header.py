@@ -14,7 +14,6 @@ bytes / the dtype's item size, each storage once (tied weights share one).  With
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
+from graphmem.cuda.alloc_conf import alloc_conf_from_environment
 from graphmem.job.grammar import format_blocks
 from graphmem.job.job import Job
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
@@ -79,7 +79,7 @@ def setup_of(job: Job) -> Setup:
     """The settings of ``job`` (its preset applied) that change its numbers."""
     job = job.with_preset()
     step = job.step
-    env = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    env = alloc_conf_from_environment()
     conf, source = (job.alloc_conf, "--alloc-conf") if job.alloc_conf is not None else (env, "the environment")
     return Setup(training=job.mode != "inference" and job.generate is None, optimizer=step.optimizer,
                  optimizer_impl=step.optimizer_impl, optimizer_kwargs=dict(step.optimizer_kwargs),

@@ -7,9 +7,10 @@ and release.  Knows nothing of categories, peaks, allocators, reports or the com
 
 The rooms, each importing only the ones below it (checked by import-linter):
 
-- ``repeat`` (a stack of alike blocks recorded once), ``ranks`` (ZeRO-1 ranks forked from
-  one recording) and ``program`` (a whole training program as it runs, ``graphmem run``): the
-  entry points, above the recording;
+- ``program`` (a whole training program as it runs, ``graphmem run``; its model's stack of
+  alike blocks recorded once through ``repeat``), then ``repeat`` (a stack of alike blocks
+  recorded once) and ``ranks`` (ZeRO-1 ranks forked from one recording): the entry points,
+  above the recording;
 - ``recording``: ``trace_step`` and ``Recording``, what one recording is;
 - ``step``: the step drivers, run under the recorder as a trainer runs them;
 - ``distributed`` (PyTorch's engines under a fake process group), ``cuda_target`` (CUDA's
@@ -26,12 +27,12 @@ from __future__ import annotations
 from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import distinct_ranks
-from graphmem.trace.program import GpuMemory, GpuTarget, ProgramTrace, trace_program
+from graphmem.trace.program import GpuMemory, GpuTarget, ProgramTrace, Spoiled, trace_program
 from graphmem.trace.ranks import forks_ranks, record_ranks
 from graphmem.trace.recording import Recording, trace_step
 from graphmem.trace.repeat import record_step
 from graphmem.trace.symbolic import trace_at
 
 __all__ = ["CudaKernels", "GpuMemory", "GpuTarget", "OpRecord", "Phase", "ProgramTrace", "Recording", "Role",
-           "StorageRecord", "Trace", "distinct_ranks", "forks_ranks", "record_ranks", "record_step", "trace_at",
-           "trace_program", "trace_step"]
+           "Spoiled", "StorageRecord", "Trace", "distinct_ranks", "forks_ranks", "record_ranks", "record_step",
+           "trace_at", "trace_program", "trace_step"]

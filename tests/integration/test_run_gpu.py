@@ -1,6 +1,6 @@
 """graphmem run --gpu: the program's "cuda" is the target GPU.  No GPU here, so the checks are
 the ones a CPU can make: a program doing analyze's step gives analyze's CUDA numbers (analyze's
-CUDA target is checked against published GPU measurements, docs/accuracy-gpu.md), what stays on
+CUDA target is checked against published GPU measurements, docs/accuracy-published.md), what stays on
 the host weighs nothing on the GPU, and what the program's own torch.cuda calls print is what
 the report says at that point of the run."""
 
@@ -11,7 +11,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from graphmem import analyze, run_program
+from graphmem import GraphmemError, analyze, run_program
 from graphmem.cli import main
 from graphmem.cuda.gpus import get_gpu
 from tests.conftest import ROOT
@@ -190,3 +190,36 @@ def test_the_programs_sdpa_kernel_choice_is_honoured(asked: str, taken: str) -> 
     """torch.nn.attention.sdpa_kernel(...) narrows the backends as select_sdp_backend sees them."""
     report = run_program(str(PROGRAMS / "sdpa_choice.py"), [asked] if asked else [], gpu="h100").train
     assert report is not None and set(report.sdpa_backends) == {taken}
+
+
+def test_the_programs_dispatch_modes_see_the_gpus_devices(capfd: pytest.CaptureFixture[str]) -> None:
+    """A selective checkpointing policy that saves each copy from the GPU to the host (as
+    torchtitan's does) sees the one real ``.cpu()`` per block, not the norm's ``type_as`` cast,
+    whose device argument torch's C++ code takes from the tensor: on a GPU that is the GPU.  So
+    the rule saves nothing more: the run equals the one without it."""
+    runs = [run_program(str(PROGRAMS / "sac_policy.py"), flags, gpu="h100").train for flags in ([], ["--no-host-rule"])]
+    assert re.findall(r"host copies seen (\d+)", capfd.readouterr().out) == ["4", "4"]  # 4 blocks, after step 1
+    with_rule, without = runs
+    assert with_rule is not None and without is not None and with_rule.allocator and without.allocator
+    assert with_rule.peak_bytes == without.peak_bytes
+    assert with_rule.allocator.reserved_peak_bytes == without.allocator.reserved_peak_bytes
+
+
+def test_fsdp_over_tensor_parallel_initialises_its_dtensors_on_the_gpu() -> None:
+    """trunc_normal_ on parameters that FSDP2 shards over tensor parallelism (a _StridedShard
+    placement) on a GPU mesh: DTensor's RNG tracker asks which rows this rank holds, worked out
+    from real indices (a fake holds none).  Each rank holds a quarter of the parameters, but the
+    row-wise layer's bias (replicated over tensor parallelism) a half: 525,824 B, as a real
+    4-process gloo run of the same program on a CPU mesh holds on every rank."""
+    run = run_program(str(PROGRAMS / "fsdp_tp_init.py"), gpu="h100", nproc_per_node=4, ranks=[0]).train
+    assert run is not None
+    assert run.params_bytes == (256 * 1024 + 1024 + 1024 * 256) * 4 // 4 + 256 * 4 // 2  # float32
+
+
+def test_cuda_graph_names_are_types_and_refused_when_used() -> None:
+    """torch.cuda.CUDAGraph may stand in an annotation evaluated at import (``CUDAGraph | None``);
+    making one is refused with what to do instead."""
+    report = run_program(str(PROGRAMS / "cuda_graph_names.py"), gpu="h100").train
+    assert report is not None and report.peak_bytes > 0
+    with pytest.raises(GraphmemError, match="captures a CUDA graph"):
+        run_program(str(PROGRAMS / "cuda_graph_names.py"), ["--capture"], gpu="h100")

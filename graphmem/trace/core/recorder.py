@@ -47,6 +47,7 @@ _NOTHING = object()  # no entry in a weak table
 # matrix is ever materialised.  Any other higher-order op is refused, as before.
 _ONE_KERNEL = frozenset({"flex_attention", "flex_attention_backward"})
 _PROGRESS_EVERY = 4096  # recorded ops between progress lines
+_MULTI_TENSOR = ("aten::_foreach_", "aten::_fused_")  # ops over lists of tensors (OpRecord.listed)
 # ops of torch.distributed's collectives and FSDP2's copies in and out of their buffers
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # ops whose real kernel returns its input tensor itself, where the fake kernel makes a new one
@@ -192,10 +193,12 @@ class Recorder(TorchDispatchMode):
         if isinstance(scratch, torch.SymInt) or isinstance(flops, torch.SymInt):
             self.op_sizes[index] = (expr_of(scratch), expr_of(flops))
             scratch, flops = hint_of(scratch), hint_of(flops)
+        listed = tuple(self.books.track(t, index).sid for t in in_tensors) \
+            if func.name().startswith(_MULTI_TENSOR) and len(in_tensors) > len(in_sids) else ()
         self.ops.append(OpRecord(index=index, op=str(func), phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
                                  outputs=out_sids, scratch_bytes=scratch, flops=flops, recompute=recompute,
-                                 line=self.where() if self.where is not None else ""))
+                                 line=self.where() if self.where is not None else "", listed=listed))
         return out
 
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:

@@ -191,6 +191,12 @@ class StorageBooks:
             on_gpu.update(sid for sid in out_sids if sid not in in_sids and self.storages[sid].created == now)
         return here or any(sid in on_gpu for sid in out_sids)
 
+    def sid_of(self, t: torch.Tensor) -> int | None:
+        """The storage id of live ``t``'s storage (a DTensor's: its local tensor's), None when
+        the books never saw it."""
+        rec = self._live.get(storage_key(local_tensor(t))[0])
+        return None if rec is None else rec.sid
+
     def is_on_gpu(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is on the GPU (with ``on_gpu``; else every tensor is)."""
         if self.on_gpu is None:

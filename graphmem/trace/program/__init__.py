@@ -11,12 +11,14 @@ allocators, reports or the command line (the GPU's memory answers are a function
   the GPU, what the program's ``torch.cuda`` calls answer;
 - ``ranks``: one rank of a torchrun-style launch, on torch's fake process group;
 - ``loads`` and ``effects``: checkpoints read from their headers only, saves skipped, the
-  program's own line for each op.
+  program's own line for each op;
+- ``stacks``: the program's model built with four of its stack of alike blocks, the others
+  placed in the recording after (graphmem.trace.repeat).
 """
 
 from __future__ import annotations
 
 from graphmem.trace.program.gpu import GpuMemory, GpuTarget
-from graphmem.trace.program.run import ProgramTrace, trace_program
+from graphmem.trace.program.run import ProgramTrace, Spoiled, trace_program
 
-__all__ = ["GpuMemory", "GpuTarget", "ProgramTrace", "trace_program"]
+__all__ = ["GpuMemory", "GpuTarget", "ProgramTrace", "Spoiled", "trace_program"]

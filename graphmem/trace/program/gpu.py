@@ -33,13 +33,20 @@ import importlib.util
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from graphmem._torch_api import fake_mode_without_cuda, fakes_show_device, parse_to, tree_flatten
+from graphmem._torch_api import (
+    dispatch_modes_pushed,
+    fake_mode_without_cuda,
+    fakes_show_device,
+    parse_to,
+    tree_flatten,
+)
 from graphmem.errors import UnsupportedError
 from graphmem.patching import patched
 from graphmem.records import Trace
@@ -122,12 +129,14 @@ class _Stream:
         return False
 
 
-def _no_cuda_graphs(name: str) -> Callable[..., Any]:
-    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead."""
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+def _no_cuda_graphs(name: str) -> type:
+    """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead when called.  A
+    class, not a function: a library may name it in an annotation evaluated at import
+    (transformers 5.x: ``-> torch.cuda.CUDAGraph | None``), which a function cannot take part in."""
+    def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedError(f"the program captures a CUDA graph (torch.cuda.{name}), which graphmem run does not "
                                "model yet: run it without CUDA graphs (torchtitan: --training.disable_cuda_graphs)")
-    return refuse
+    return type(name, (), {"__new__": refuse, "__doc__": f"torch.cuda.{name}, refused under graphmem run"})
 
 
 class _OnDevice:
@@ -168,13 +177,13 @@ class _Event:
 class _Counters:
     """The memory answers: the allocator model over the run so far, on demand."""
 
-    def __init__(self, recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]) -> None:
+    def __init__(self, recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[int], tuple[Trace, int]]) -> None:
         self.recorder, self.gpu, self.snapshot = recorder, gpu, snapshot
         self.since = 0
 
     def now(self) -> GpuMemory:
         self.recorder.poll(everything=True)  # what the program let go of by now is free
-        return self.gpu.memory(self.snapshot(), self.since)
+        return self.gpu.memory(*self.snapshot(self.since))
 
     def reset(self, device: Any = None) -> None:
         self.since = len(self.recorder.ops)
@@ -322,6 +331,38 @@ def _tensor_backward(tensor: torch.Tensor, gradient: Any = None, retain_graph: b
     torch.autograd.backward(tensor, gradient, retain_graph, create_graph, inputs=inputs)
 
 
+def _program_modes(recorder: Recorder) -> AbstractContextManager[None]:
+    """The program's own dispatch modes (activation checkpointing's, a flop counter) see each op
+    as a GPU shows it: a ``device`` argument that torch's C++ code took from a GPU tensor's
+    options (``type_as``, ``x.new_empty``, a composite's ``input.options()``) is ``cuda:0``, as in
+    a real run, not the CPU the fakes live on.  torchtitan's selective checkpointing saves every
+    ``_to_copy`` to the CPU (a device-to-host copy it will not redo): without this it would save
+    each norm's and RoPE's ``type_as`` cast in every block.  The CPU stays the CPU where the
+    program's Python code asked for it (``.cpu()``, ``device="cpu"``) or the op reads only host
+    tensors.  torch's own infrastructure modes (fake, functional, proxy) and graphmem's are left
+    as they are; the recorder turns ``cuda:0`` back into the fakes' device below them."""
+    def shown_on_the_gpu(mode: Any) -> None:
+        own = getattr(mode, "__dict__", None)  # a mode without one keeps torch's view of the fakes
+        if own is None or "__torch_dispatch__" in own or mode.is_infra_mode() \
+                or type(mode).__module__.startswith("graphmem"):
+            return
+        dispatch = mode.__torch_dispatch__
+
+        def as_on_the_gpu(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            device = kwargs.get("device")
+            if isinstance(device, torch.device) and device.type == "cpu" and not recorder.host_asked:
+                tensors = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+                if not tensors or any(recorder.books.is_on_gpu(t) for t in tensors):
+                    kwargs = {**kwargs, "device": _CUDA}
+            return dispatch(func, types, args, kwargs)
+
+        # the dispatcher looks it up on the mode itself, and takes only a method
+        mode.__torch_dispatch__ = MethodType(as_on_the_gpu, mode)
+
+    return dispatch_modes_pushed(shown_on_the_gpu)
+
+
 def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
     """``torch.cuda``'s functions as the target GPU answers them."""
     props = _Properties(gpu.product, gpu.total_memory, *gpu.capability)
@@ -391,8 +432,9 @@ def _import_before_the_gpu_is_there() -> None:
 
 
 @contextlib.contextmanager
-def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]) -> Iterator[None]:
-    """Run the program (inside) with its "cuda" the target GPU; ``snapshot()`` is the run so far.
+def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[int], tuple[Trace, int]]) -> Iterator[None]:
+    """Run the program (inside) with its "cuda" the target GPU; ``snapshot(i)`` is the run so far
+    and where the recorder's op ``i`` is in it.
 
     Enter it outside the fake mode and the recorder: the GPU's kernels (a TorchFunctionMode)
     are entered here, the dispatch modes after it."""
@@ -402,5 +444,5 @@ def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[], Trace]
     counters = _Counters(recorder, gpu, snapshot)
     shown = lambda t: recorder.dispatching == 0 and recorder.books.is_on_gpu(t)
     with fake_mode_without_cuda(), patched(*_answers(gpu, counters), *_moves(recorder), *_autocasts()), \
-            fakes_show_device(_CUDA, shown), gpu.kernels, _HostAsked(recorder):
+            _program_modes(recorder), fakes_show_device(_CUDA, shown), gpu.kernels, _HostAsked(recorder):
         yield

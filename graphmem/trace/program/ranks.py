@@ -64,6 +64,34 @@ def _meshes_made_for_real(quiet: Callable[[], AbstractContextManager[Any]],
 
 
 @contextlib.contextmanager
+def _strided_shards_indexed_for_real(quiet: Callable[[], AbstractContextManager[Any]]) -> Iterator[None]:
+    """Which rows of a dimension a rank holds under a ``_StridedShard`` placement (FSDP2 over
+    tensor parallelism) is worked out from a real ``torch.arange`` of the dimension, split and
+    read back (``local_shard_size_and_offset``): outside the fake mode and unrecorded, as in a
+    real run.  DTensor's random ops on a GPU mesh ask it (the RNG offsets of ``trunc_normal_``
+    on such a parameter, ``OffsetBasedRNGTracker``); a fake holds no indices to read."""
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:  # a torch without it has nothing to index
+        yield
+        return
+    original = _StridedShard.__dict__.get("local_shard_size_and_offset")
+    if original is None:
+        yield
+        return
+
+    def local_shard_size_and_offset(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily(), quiet():
+            return original(self, *args, **kwargs)
+
+    _StridedShard.local_shard_size_and_offset = local_shard_size_and_offset  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _StridedShard.local_shard_size_and_offset = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Tensor], None],
             quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None],
             groups: list[int] | None = None) -> Iterator[None]:
@@ -90,7 +118,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
 
     counts = [(torch.cuda, "device_count", lambda: program.nproc_per_node)] if gpu else []
     with _environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
-            _meshes_made_for_real(quiet, held), \
+            _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), \
             patched((dist, "init_process_group", init_process_group),
                     (dist.distributed_c10d, "init_process_group", init_process_group), *counts):
         try:

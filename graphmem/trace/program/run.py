@@ -30,8 +30,11 @@ import runpy
 import sys
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import torch
+from torch import nn
 
 from graphmem._torch_api import (
     data_loading_in_process,
@@ -48,9 +51,13 @@ from graphmem.trace.program.effects import program_line, skipping_saves
 from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.program.loads import loading_headers_only
 from graphmem.trace.program.ranks import as_rank
+from graphmem.trace.program.stacks import Cuts, Spoiled, cutting_stacks
+from graphmem.trace.repeat.place import Unrepeatable, placed_calls, repeat_program
 from graphmem.trace.rules import rules_for
 
-__all__ = ["ProgramTrace", "trace_program"]
+__all__ = ["ProgramTrace", "Spoiled", "trace_program"]
+
+_NOWHERE = "\x00"  # a module path no module has
 
 # graphmem run's own options, named in the error when a program that refused its argv got one
 _RUN_OPTIONS = frozenset({"--steps", "--device", "--format", "--units", "--output", "-o", "--debug", "--timeout",
@@ -69,6 +76,9 @@ class ProgramTrace:
     models: tuple[str, ...]  # the classes of the modules it called, in order of first call
     optimizers: tuple[str, ...]  # the classes of the optimizers it stepped
     communicators: int = 0  # process groups of more than one rank it made (NCCL: a communicator each)
+    # the stack the recording cut (graphmem.trace.program.stacks): its module path in the model
+    # and the blocks the program built; None when the model was recorded whole
+    cut: tuple[str, int] | None = None
 
 
 # process-wide singletons a program sets up once and a second program in the same process may
@@ -98,9 +108,14 @@ def _singletons() -> list[tuple[dict[str, Any], dict[str, Any]]]:
 def _as_main(program: Program) -> Iterator[None]:
     """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program, and ``_ENVIRON``;
     restored after, with the singletons of ``_SINGLETONS`` (the program may have made them
-    for a fake GPU)."""
+    for a fake GPU).  The program starts with those singletons empty, as in a new process: a
+    rank's process forked from one that ran accelerate on one process must not inherit that
+    state (it would not see torchrun's environment; accelerate's own ``_reset_state`` clears
+    them the same)."""
     argv, path = sys.argv[:], sys.path[:]
     before = {id(shared): copy for shared, copy in _singletons()}
+    for shared, _ in _singletons():
+        shared.clear()
     environ = {name: os.environ.get(name) for name in _ENVIRON}
     os.environ.update(_ENVIRON)
     sys.argv = [program.target, *program.argv]
@@ -119,7 +134,8 @@ def _as_main(program: Program) -> Iterator[None]:
             shared.update(before.get(id(shared), {}))
 
 
-def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int = 0) -> ProgramTrace:
+def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int = 0,
+                  cut: bool = False) -> ProgramTrace:
     """Run ``program`` under the recorder until its ``program.steps``-th optimizer step ends:
     on the CPU, or with ``gpu`` its "cuda" that GPU (graphmem.trace.program.gpu); as ``rank``
     of its ``nproc_per_node`` (graphmem.trace.program.ranks).
@@ -140,9 +156,15 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     workers: list[int] = []
     groups: list[int] = []
     saves: list[str] = []
-    snapshot = lambda: _trace(recorder, books, ())
+    cuts = Cuts()
+
+    def snapshot(since: int) -> tuple[Trace, int]:  # the whole run so far (a cut stack placed whole)
+        so_far = _trace(recorder, books, ())
+        return _whole(so_far, cuts, books, since) if cuts.made else (so_far, since)
+
     on_gpu = on_the_gpu(recorder, gpu, snapshot) if gpu else contextlib.nullcontext()
-    with _as_main(program), quiet_fake_tensor_logs(), on_gpu, \
+    cutting = cutting_stacks(cuts, recorder.silenced) if cut else contextlib.nullcontext()
+    with _as_main(program), quiet_fake_tensor_logs(), cutting, on_gpu, \
             as_rank(program, rank, gpu is not None, recorder.books.resized, recorder.silenced, recorder.books.hold,
                     groups), \
             data_loading_in_process(workers.append), \
@@ -158,6 +180,8 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
         except SystemExit as exc:
             exited = exc.code
         except Exception as exc:  # broad: the program is user code and may raise anything; reported as its failure
+            if cuts.made:  # it may have failed for its model being cut: the whole model decides
+                raise Spoiled(f"the program raised {type(exc).__name__} with its model cut") from exc
             raise TraceError(_failure(program, exc, books.steps_done)) from exc
         finally:
             recorder.silent = False
@@ -171,9 +195,59 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
                 ". graphmem run records a training program up to --steps optimizer steps")
         raise TraceError(f"{program.command} {how} before its first optimizer step: nothing to analyse{hint}")
     notes = _notes(program, recorder, books, stopped, saves, workers)
-    return ProgramTrace(trace=_trace(recorder, books, notes), steps=books.steps_done, stopped=stopped,
+    trace, made = _trace(recorder, books, notes), None
+    if cuts.made:
+        container = cuts.made[0].container
+        if id(container) not in books.paths:  # never run by the program: nothing to place it by
+            raise Spoiled("the stack cut was never run")
+        made = (books.paths[id(container)], cuts.made[0].length)
+        cut_trace, (trace, _) = trace, _whole(trace, cuts, books, len(trace.ops))
+        if gpu is not None:  # the attention kernels, counted as the whole model calls them
+            calls = gpu.kernels.calls
+            times = placed_calls(cut_trace, made[0], made[1], [position for _, position in calls],
+                                 named=_named(cuts, books))
+            gpu.kernels.backends.clear()
+            for (backend, _), n in zip(calls, times, strict=True):
+                if n:
+                    gpu.kernels.backends[backend] = gpu.kernels.backends.get(backend, 0) + n
+    return ProgramTrace(trace=trace, steps=books.steps_done, stopped=stopped,
                         communicators=sum(size > 1 for size in groups),
-                        models=tuple(books.models), optimizers=tuple(books.optimizers))
+                        models=tuple(books.models), optimizers=tuple(books.optimizers), cut=made)
+
+
+def _named(cuts: Cuts, books: Books) -> dict[int, int]:
+    """Storage -> block for the cut stack's tensors the program holds now: each block's
+    parameters, their gradients and its buffers; the model's other ones -> -1 (outside)."""
+    named: dict[int, int] = {}
+    storages = books.recorder.books
+
+    def tensors(module: nn.Module) -> list[torch.Tensor]:
+        return [*(t for p in module.parameters() for t in (p, p.grad) if t is not None), *module.buffers()]
+
+    cut = cuts.made[0]
+    for b, block in enumerate(cut.container._modules.values()):
+        for t in tensors(block) if block is not None else ():
+            sid = storages.sid_of(t)
+            if sid is not None:
+                named.setdefault(sid, b)
+    for t in tensors(cut.model):
+        sid = storages.sid_of(t)
+        if sid is not None:
+            named.setdefault(sid, -1)
+    return named
+
+
+def _whole(trace: Trace, cuts: Cuts, books: Books, since: int) -> tuple[Trace, int]:
+    """The whole program's trace from ``trace``, recorded with its stack cut
+    (graphmem.trace.repeat.place.repeat_program), and where its op ``since`` is in it;
+    ``Spoiled`` when the recording does not repeat by offset."""
+    cut = cuts.made[0]
+    prefix = books.paths.get(id(cut.container), _NOWHERE)  # none before the model first ran: nothing named
+    try:
+        whole, at = repeat_program(trace, prefix, cut.length, named=_named(cuts, books), since=since)
+    except Unrepeatable as exc:
+        raise Spoiled(str(exc)) from exc
+    return replace(whole, fx=torch.fx.Graph()), at  # (graphmem run draws no graph)
 
 
 def _notes(program: Program, recorder: Recorder, books: Books, stopped: bool, saves: list[str],

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphmem.records import Phase, Trace
@@ -45,10 +45,16 @@ class Layout:
 @dataclass(frozen=True, slots=True)
 class Stacked:
     """Where the blocks are: the stack's module path, and how many of its children make one
-    block (2 when every second child differs, as with checkpointing every second one)."""
+    block (2 when every second child differs, as with checkpointing every second one).
+    ``program``: the trace is a whole program's (graphmem run), see ``layout``."""
 
     prefix: str
     period: int = 1
+    program: bool = False
+    # graphmem run: storage -> block for the blocks' tensors the program holds now, -1 for the
+    # model's other ones (a recording that stops before they are named: the parameters before
+    # the first forward)
+    named: Mapping[int, int] = field(default_factory=dict, compare=False)
 
     def index(self, path: str) -> int | None:
         """The child of the stack a module path (or tensor name) lies in: 2 for ``prefix.2.mlp``."""
@@ -87,13 +93,21 @@ def _kinds(trace: Trace, where: Stacked) -> list[Any]:
             kinds.append("shared")
         else:
             kinds.append(where.block_of(op.module))
+    return _fill(kinds, trace)
+
+
+def _fill(kinds: list[Any], trace: Trace) -> list[Any]:
+    """Ops outside the stack between two ops of one block, in one phase, are that block's,
+    and between two blocks the next one's (see ``_kinds``)."""
+    kinds = list(kinds)
     i = 0
     while i < len(kinds):
         stop = i
         while stop < len(kinds) and kinds[stop] is None:
             stop += 1
         if stop > i and 0 < i and stop < len(kinds) and isinstance(kinds[i - 1], int) and \
-                isinstance(kinds[stop], int) and abs(kinds[i - 1] - kinds[stop]) <= 1 and \
+                isinstance(kinds[stop], int) and min(kinds[i - 1], kinds[stop]) >= 0 and \
+                abs(kinds[i - 1] - kinds[stop]) <= 1 and \
                 len({(o.phase, o.iteration) for o in trace.ops[i - 1:stop + 1]}) == 1:
             kinds[i:stop] = [kinds[stop]] * (stop - i)
         i = stop + 1 if stop > i else i + 1
@@ -157,10 +171,15 @@ def _owners(trace: Trace, where: Stacked, kind: list[Any]) -> dict[int, tuple[in
         if k == "shared":
             if s.sid in op.outputs:
                 pos = op.outputs.index(s.sid)
-                source = op.inputs[pos] if pos < len(op.inputs) else -1
+                # graphmem run: the tensor it comes from, counted per tensor (op.listed)
+                sources = op.listed if where.program and op.listed else op.inputs
+                source = sources[pos] if pos < len(sources) else -1
                 if source in owner:
                     b, lo = owner[source]
-                    owner[s.sid] = (b, ("s", s.created, lo))
+                    if where.program:  # several outputs from one storage: told apart by their place
+                        owner[s.sid] = (b, ("s", s.created, lo, sources[:pos].count(source)))
+                    else:
+                        owner[s.sid] = (b, ("s", s.created, lo))
         elif k is not None:
             b, r, p = k
             if s.sid in op.outputs:
@@ -173,26 +192,129 @@ def _owners(trace: Trace, where: Stacked, kind: list[Any]) -> dict[int, tuple[in
     return owner
 
 
-def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Hashable]]) -> list[Any]:
+def _by_storages(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Hashable]],
+                 program: bool = False) -> list[Any]:
     """An optimizer op that reads one block's tensors alone (or, reading none, makes them) is
     that block's (one that reads tensors outside the stack alone is outside it), whatever it is
     named after (an op on a tensor with no parameter yet, such as a new step counter, is
-    named after the op before it: the previous parameter's)."""
+    named after the op before it: the previous parameter's).  ``program``: so is an op that
+    runs in no module (the program's code), in any phase."""
     kinds = list(kinds)
     for i, op in enumerate(trace.ops):
-        if kinds[i] != "shared" and op.phase == Phase.OPTIMIZER and (op.inputs or op.outputs):
+        outside = op.phase == Phase.OPTIMIZER or (program and not op.module and not isinstance(kinds[i], int))
+        if kinds[i] != "shared" and outside and (op.inputs or op.outputs):
             blocks = {owner[sid][0] if sid in owner else None for sid in op.inputs or op.outputs}
             if len(blocks) == 1:
                 kinds[i] = blocks.pop()
     return kinds
 
 
+# ops that gather a list of tensors into one (torch.stack of each parameter's gradient norm in
+# clip_grad_norm_): with one list entry per block tensor, their output grows with the stack
+LISTED = frozenset({"aten.stack.default", "aten.cat.default"})
+
+
+_OUT = -1  # graphmem run: a storage named after a tensor outside the stack, or an op firmly outside
+
+
+def _named(trace: Trace, where: Stacked) -> dict[int, int]:
+    """Storage -> block: those named after a block's tensors, and ``where.named``'s; those
+    named after the model's other tensors -> _OUT (the embedding, the output layer)."""
+    named = dict(where.named)
+    for s in trace.storages:
+        if s.label:
+            b = where.block_of(s.label)
+            named.setdefault(s.sid, _OUT if b is None else b)
+    return named
+
+
+def _by_named(trace: Trace, where: Stacked, kinds: list[Any]) -> list[Any]:
+    """graphmem run: an op that runs in no module (the program's own code: building,
+    initialising and sharding the model; FSDP2's hooks at the edges of a forward) is the block
+    whose tensors it reads or makes, the tensors named after a block's parameters and buffers
+    (an op reading several blocks' is none of them); a multi-tensor op (``_foreach_*``,
+    ``_fused_*``) or a gather of a list (``LISTED``) that reads several blocks' is "shared", in
+    any phase (clip_grad_norm_'s, between the backward and the optimizer)."""
+    named = _named(trace, where)
+    kinds = list(kinds)
+    for i, op in enumerate(trace.ops):
+        if kinds[i] is not None or op.module:
+            continue
+        blocks = {named[sid] for sid in (*op.inputs, *op.outputs) if sid in named}
+        inside = blocks - {_OUT}
+        if len(inside) == 1:
+            kinds[i] = inside.pop()
+        elif len(inside) > 1 and (op.op.startswith(_SHARED) or op.op in LISTED):
+            kinds[i] = "shared"
+        elif blocks == {_OUT} and op.phase == Phase.PROGRAM:
+            kinds[i] = _OUT  # the program's code on the model's other tensors: no block's, even between two
+    return kinds
+
+
+def _by_dataflow(trace: Trace, where: Stacked, kinds: list[Any]) -> list[Any]:
+    """graphmem run: the ops of the program's own code that still are no block's, taken
+    together with the tensors they pass each other (the model's parameters sharded on the
+    meta device before ``to_empty`` gave them storage, so named after nothing yet), are the
+    block whose named tensors or whose ops of the program's code they meet, when that is one
+    block."""
+    named = _named(trace, where)
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    loose = [i for i, op in enumerate(trace.ops) if kinds[i] is None and not op.module]
+    touched: set[int] = set()
+    for i in loose:
+        for sid in (*trace.ops[i].inputs, *trace.ops[i].outputs):
+            touched.add(sid)
+            a, b = find(("op", i)), find(("s", sid))
+            if a != b:
+                parent[a] = b
+    meets: dict[Any, set[int]] = {}
+    for i, op in enumerate(trace.ops):
+        k = kinds[i]
+        # only the program's own code meets them (a forward or backward op of a block also
+        # reads the next FSDP group's parameters, prefetched)
+        if isinstance(k, int) and op.phase == Phase.PROGRAM:
+            for sid in (*op.inputs, *op.outputs):
+                if sid in touched:
+                    meets.setdefault(find(("s", sid)), set()).add(k)
+    for sid, b in named.items():
+        meets.setdefault(find(("s", sid)), set()).add(b)
+    kinds = list(kinds)
+    for i in loose:
+        blocks = meets.get(find(("op", i)), set())
+        if len(blocks) == 1:  # one block, or only the model's other tensors (_OUT)
+            kinds[i] = next(iter(blocks))
+    return kinds
+
+
+def _listed_by_owner(trace: Trace, kinds: list[Any], owner: dict[int, tuple[int, Hashable]]) -> list[Any]:
+    """graphmem run: a multi-tensor op or a gather of a list outside the stack that reads the
+    tensors of several blocks (per-parameter norms a multi-tensor op made) is "shared"."""
+    kinds = list(kinds)
+    for i, op in enumerate(trace.ops):
+        if kinds[i] is None and not op.module and (op.op.startswith(_SHARED) or op.op in LISTED) \
+                and len({owner[sid][0] for sid in op.inputs if sid in owner}) > 1:
+            kinds[i] = "shared"
+    return kinds
+
+
 def layout(trace: Trace, where: Stacked) -> Layout:
     kinds, phases = _kinds(trace, where), [(op.phase, op.iteration) for op in trace.ops]
+    if where.program:  # what is firmly outside stays so (no filling across it), then is outside
+        kinds = [None if k == _OUT else k for k in _fill(_by_dataflow(trace, where, _by_named(trace, where, kinds)),
+                                                          trace)]
     for _ in range(4):  # what an op made is its block's; an optimizer op is the block of what it reads
         placed, runs, ascending = _runs(kinds, phases)
         owner = _owners(trace, where, placed)
-        kinds, before = _by_storages(trace, kinds, owner), kinds
+        kinds, before = _by_storages(trace, kinds, owner, where.program), kinds
+        if where.program:
+            kinds = _listed_by_owner(trace, kinds, owner)
         if kinds == before:
             break
     else:

@@ -19,16 +19,16 @@ the whole model.  Knows nothing of reports or the command line.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from graphmem.records import OpRecord, StorageRecord, SymbolicSizes, Trace
 from graphmem.trace.repeat.graph import placed_graph
-from graphmem.trace.repeat.layout import KEEP, Layout, Stacked, Unrepeatable, layout
+from graphmem.trace.repeat.layout import KEEP, LISTED, Layout, Stacked, Unrepeatable, layout
 
-__all__ = ["KEEP", "Stacked", "Unrepeatable", "placed_calls", "repeat_blocks", "same_trace"]
+__all__ = ["KEEP", "Stacked", "Unrepeatable", "placed_calls", "repeat_blocks", "repeat_program", "same_trace"]
 
 Key = tuple[int, Hashable]  # a storage of the whole trace: (block, its id within the block) or (-1, sid)
 
@@ -257,20 +257,51 @@ def _keys(placer: _Placer, trace: Trace) -> list[Key]:
     return keys
 
 
-def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, graph: bool = True) -> Trace:
+def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, graph: bool = True,
+                  program: bool = False) -> Trace:
     """The trace of the whole model with a stack of ``length`` children at ``prefix``, from
     ``trace``, its recording cut to KEEP blocks of ``period`` children each (see the module
     docstring).  ``graph``:
     False keeps the cut trace's fx graph (for the check, which compares no graph).
+    ``program``: the trace of a whole program (graphmem run; graphmem.trace.repeat.layout).
 
     Raises:
         Unrepeatable: the cut recording does not repeat by offset.
     """
     if length % period:
         raise Unrepeatable(f"a stack of {length} does not split into blocks of {period}")
-    placer = _Placer(layout(trace, Stacked(prefix, period)), length // period, trace)
+    return _repeat(trace, Stacked(prefix, period, program), length // period, graph)[0]
+
+
+def repeat_program(trace: Trace, prefix: str, length: int, *, named: Mapping[int, int],
+                   since: int) -> tuple[Trace, int]:
+    """graphmem run: the trace of the whole program from ``trace``, its recording with the stack
+    at ``prefix`` cut to KEEP of its ``length`` blocks (``named``: storage -> block for the
+    blocks' tensors the program holds now), checked first as ``record_step`` checks a step:
+    blocks 0, 1 and 3 placed for KEEP blocks must give ``trace`` back.  Also where op ``since``
+    of ``trace`` (an op outside the blocks, or its end) is in the whole trace.
+
+    Raises:
+        Unrepeatable: the recording does not repeat by offset, or ``since`` is a block's op.
+    """
+    where = Stacked(prefix, 1, True, named)
+    if not same_trace(_repeat(trace, where, KEEP, False)[0], trace):
+        raise Unrepeatable("the cut recording does not repeat by offset")
+    whole, placer = _repeat(trace, where, length, False)
+    if since >= len(trace.ops):
+        return whole, len(whole.ops)
+    if (-1, since) not in placer.index:
+        raise Unrepeatable("counters asked for from an op inside the blocks")
+    return whole, placer.index[(-1, since)]
+
+
+def _repeat(trace: Trace, where: Stacked, length: int, graph: bool) -> tuple[Trace, _Placer]:
+    program = where.program
+    placer = _Placer(layout(trace, where), length, trace)
     placed = [_placed_op(placer, trace, t, i) for t, i in placer.order]
     records = {key: _storage_of(placer, trace, key) for key in _keys(placer, trace)}
+    if program:
+        _grown_lists(placer, trace, placed, records)
     first = placer.expand([s.sid for s in trace.storages if s.created < 0])
 
     def slot(key: Key) -> tuple[int, int, int, int]:  # the recorder numbers storages as it first meets them
@@ -285,7 +316,7 @@ def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, gr
         raise Unrepeatable("storages placed twice or not at all")
     ops = tuple(OpRecord(index=n, op=op.op, phase=op.phase, iteration=op.iteration, module=module,
                          inputs=tuple([sid_of[k] for k in ins]), outputs=tuple([sid_of[k] for k in outs]),
-                         scratch_bytes=op.scratch_bytes, flops=op.flops, recompute=op.recompute)
+                         scratch_bytes=op.scratch_bytes, flops=op.flops, recompute=op.recompute, line=op.line)
                 for n, (op, module, ins, outs) in enumerate(placed))
     fx: Any = trace.fx
     if graph:  # built when first asked for
@@ -294,7 +325,28 @@ def repeat_blocks(trace: Trace, prefix: str, length: int, *, period: int = 1, gr
                                    label=r.label, shape=r.shape, dtype=r.dtype)
                      for n, r in enumerate(records[key][1] for key in [*first, *rest]))
     return replace(trace, fx=fx, ops=ops, storages=storages,
-                   sizes=_sizes(trace.sizes, placer, {n: records[key][0] for key, n in sid_of.items()}))
+                   sizes=_sizes(trace.sizes, placer, {n: records[key][0] for key, n in sid_of.items()})), placer
+
+
+def _grown_lists(placer: _Placer, trace: Trace, placed: list[tuple[OpRecord, str, list[Key], list[Key]]],
+                 records: dict[Key, tuple[int, StorageRecord]]) -> None:
+    """A gather of a list that takes a tensor of every block (``LISTED``: torch.stack of the
+    parameters' gradient norms) makes, for the whole stack, a tensor as many times longer as
+    its list is: its first dimension is the list's length.  Whatever reads it may do no work
+    that grows with it (FLOPs, scratch bytes)."""
+    grown: set[int] = set()
+    for op, _, ins, outs in placed:
+        if op.op not in LISTED or len(ins) == len(op.inputs):
+            if grown & set(op.inputs) and (op.flops or op.scratch_bytes):
+                raise Unrepeatable("an op reads a list grown with the stack and does work that grows with it")
+            continue
+        for key in outs:
+            sid, rec = records[key]
+            before, after = len(op.inputs), len(ins)
+            if key[0] >= 0 or not rec.shape or rec.shape[0] != before or rec.nbytes % before:
+                raise Unrepeatable(f"{op.op} over the blocks makes a tensor that does not grow with its list")
+            records[key] = (sid, replace(rec, shape=(after, *rec.shape[1:]), nbytes=rec.nbytes // before * after))
+            grown.add(sid)
 
 
 def _sizes(sizes: SymbolicSizes | None, placer: _Placer, source: dict[int, int]) -> SymbolicSizes | None:
@@ -310,10 +362,13 @@ def same_trace(a: Trace, b: Trace) -> bool:
     return a.ops == b.ops and a.storages == b.storages and a.sizes == b.sizes
 
 
-def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int], period: int = 1) -> list[int]:
+def placed_calls(trace: Trace, prefix: str, length: int, positions: Sequence[int], period: int = 1,
+                 named: Mapping[int, int] | None = None) -> list[int]:
     """How many times the whole model makes each call the cut recording made before the op at
     each of ``positions`` (a kernel choice): once outside the stack and in the first and last
-    block, ``length - 2`` times in block 1, never in block 2 (block 1's copies stand for it)."""
-    kind = layout(trace, Stacked(prefix, period)).kind  # which block each op is in: no placing needed
+    block, ``length - 2`` times in block 1, never in block 2 (block 1's copies stand for it).
+    ``named``: a program's recording (graphmem run; ``repeat_program``'s)."""
+    where = Stacked(prefix, period) if named is None else Stacked(prefix, period, True, named)
+    kind = layout(trace, where).kind  # which block each op is in: no placing needed
     times = {0: 1, 1: length // period - 2, 2: 0, KEEP - 1: 1}
     return [times[kind[p][0]] if 0 <= p < len(kind) and isinstance(kind[p], tuple) else 1 for p in positions]

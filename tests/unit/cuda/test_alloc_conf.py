@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from graphmem.cuda.alloc_conf import AllocatorConfig, parse_alloc_conf
+from graphmem.cuda.alloc_conf import AllocatorConfig, alloc_conf_from_environment, parse_alloc_conf
 from graphmem.errors import UnsupportedError, UserInputError
 
 MiB = 1 << 20
@@ -112,3 +112,20 @@ def test_accepts_and_rejects_what_pytorch_does(torch_parser: None, text: str) ->
     except UserInputError:
         ours = False
     assert ours == torch_accepts
+
+
+@pytest.mark.parametrize(("new", "old", "read"), [
+    (None, None, ""),
+    (None, "expandable_segments:True", "expandable_segments:True"),
+    ("max_split_size_mb:64", "expandable_segments:True", "max_split_size_mb:64"),
+])
+def test_the_environment_is_read_as_torch_reads_it(monkeypatch: pytest.MonkeyPatch, new: str | None,
+                                                   old: str | None, read: str) -> None:
+    """PYTORCH_ALLOC_CONF first, the older PYTORCH_CUDA_ALLOC_CONF when it is unset (torch 2.13's
+    c10/core/AllocatorConfig.h: "PYTORCH_CUDA_ALLOC_CONF is also supported with lower priority")."""
+    for name, value in (("PYTORCH_ALLOC_CONF", new), ("PYTORCH_CUDA_ALLOC_CONF", old)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert alloc_conf_from_environment() == read

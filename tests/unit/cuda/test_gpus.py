@@ -14,7 +14,7 @@ MiB = 1 << 20
 # marketing memory sizes (GB as printed on the box), from the vendors' spec sheets
 MARKETING_GB = {"v100-16gb": 16, "v100-32gb": 32, "t4": 16, "a100-40gb": 40, "a100-80gb": 80, "a100-80gb-pcie": 80,
                 "a10g": 24, "rtx-3090": 24, "l4": 24, "l40s": 48, "rtx-4090": 24, "h100-80gb": 80, "h100-pcie": 80,
-                "h100-94gb": 94, "h200": 141, "rtx-5090": 32}
+                "h100-94gb": 94, "h100-96gb": 96, "h200": 141, "rtx-5090": 32}
 # architecture by compute capability (NVIDIA's CUDA GPUs table)
 ARCH = {(7, 0): "volta", (7, 5): "turing", (8, 0): "ampere", (8, 6): "ampere", (8, 9): "ada", (9, 0): "hopper",
         (10, 0): "blackwell", (12, 0): "blackwell"}
