@@ -117,6 +117,7 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
                      grad_accum: int = 1, checkpoint_classes: tuple[str, ...] = (),
                      kw_inputs: dict[str, torch.Tensor] | None = None, checkpoint_every: int = 1,
                      checkpoint_save: tuple[str, ...] = (), checkpoint_blocks: tuple[int, ...] | None = None,
+                     checkpoint_save_blocks: tuple[int, ...] | None = None,
                      also_held: Callable[[torch.nn.Module], list[torch.Tensor]] | None = None) -> Measured:
     """Run the documented training step for real; see the module docstring.
 
@@ -128,7 +129,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
         ``checkpoint_blocks`` names (0-based, in model order); with
         ``checkpoint_save``, selectively: torch's create_selective_checkpoint_contexts saves
         the outputs of "matmuls" (mm, addmm, bmm, baddbmm), of every second matmul of a call
-        ("every-2nd-matmul"), or of "attention" (the SDPA kernels), and recomputes the rest.
+        ("every-2nd-matmul"), or of "attention" (the SDPA kernels), and recomputes the rest (only in
+        the blocks ``checkpoint_save_blocks`` names, where given: the others whole).
     also_held: tensors the model holds outside its parameters and buffers (a quantized
         weight's scales), counted from the start like them.
     """
@@ -140,7 +142,8 @@ def measure_training(build: Callable[[], torch.nn.Module], inputs: list[torch.Te
         model.config.use_cache = False  # as transformers' gradient_checkpointing_enable() trains
     picked = chosen[::checkpoint_every] if checkpoint_blocks is None else [chosen[i] for i in checkpoint_blocks]
     for module in picked:
-        module.forward = _checkpointed(module.forward, checkpoint_save)  # type: ignore[method-assign]
+        whole = checkpoint_save_blocks is not None and chosen.index(module) not in checkpoint_save_blocks
+        module.forward = _checkpointed(module.forward, () if whole else checkpoint_save)  # type: ignore[method-assign]
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     # init_scale=1: no overflow, so every step runs (the steady state graphmem models)
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if amp == torch.float16 else None

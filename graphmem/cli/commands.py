@@ -453,22 +453,30 @@ main.add_command(max_batch_command, name="max-seq")
               help="With --policy: draw the front, peak against recompute, with the budget line. Implies --policy.")
 @click.option("--front-points", type=click.IntRange(min=2), default=8, show_default=True,
               help="With --policy: points of the front analysed (each an analysis of the whole step).")
+@click.option("--policy-save", default="", metavar="OPS",
+              help="With --policy: choose per block among kept, checkpointed whole, and checkpointed keeping the "
+                   "outputs of these ops (selective: matmuls, attention or aten op names, comma-separated, e.g. "
+                   "matmuls,attention) and recomputing the rest; the emitted module keeps them in its SELECTIVE "
+                   "blocks. Implies --policy.")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
                  debug: bool, world_size: int | None, prune_amount: float, group_size: int, policy: bool,
-                 emit_policy: str | None, policy_curve: str | None, front_points: int, **options: Any) -> None:
+                 emit_policy: str | None, policy_curve: str | None, front_points: int, policy_save: str,
+                 **options: Any) -> None:
     """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
     accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
     predicted peak, saving and extra compute; and why training takes N times inference.  With
-    --policy: which blocks to checkpoint for the least recompute that fits.
+    --policy: which blocks to checkpoint for the least recompute that fits (with --policy-save OPS,
+    also which of them keep those ops' outputs).
 
     Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
     """
     _distinct(output=output, emit_policy=emit_policy, policy_curve=policy_curve)
-    policy = policy or emit_policy is not None or policy_curve is not None
+    save = tuple(n.strip() for n in policy_save.split(",") if n.strip())
+    policy = policy or emit_policy is not None or policy_curve is not None or bool(save)
     with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
         plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size,
-                         policy=policy, front_points=front_points)
+                         policy=policy, front_points=front_points, policy_save=save)
         text = PLAN_RENDERERS[fmt](plan, context, units)
 
     def files(staged: StagedFiles) -> None:

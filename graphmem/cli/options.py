@@ -243,6 +243,9 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--checkpoint-blocks"], type=ParsedType("I[-J][,...]", parse_blocks, tuple), default="",
                      help="With --checkpoint: checkpoint only these of the modules of those classes (0-based, in "
                           "the model's order), e.g. 0-5,8: the choice graphmem plan --policy makes."),
+        click.Option(["--checkpoint-save-blocks"], type=ParsedType("I[-J][,...]", parse_blocks, tuple), default="",
+                     help="With --checkpoint-blocks and --checkpoint-save: only these blocks keep those outputs "
+                          "(selective); the other chosen blocks are checkpointed whole."),
         click.Option(["--checkpoint-save"], default="", metavar="OPS",
                      help="With --checkpoint: selective activation checkpointing: keep the outputs of these ops "
                           "and recompute the rest: matmuls, every-2nd-matmul, attention, or aten op names "
@@ -380,6 +383,7 @@ def job_from(options: Mapping[str, Any]) -> Job:
         optimizer_kwargs=options["optimizer_kwargs"], optimizer_impl=options["optimizer_impl"],
         amp=options["amp"], checkpoint=options["checkpoint_classes"], checkpoint_every=options["checkpoint_every"],
         checkpoint_save=options["checkpoint_save"], checkpoint_blocks=options["checkpoint_blocks"],
+        checkpoint_save_blocks=options["checkpoint_save_blocks"],
         grad_accum=options["grad_accum"],
         gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
         assume=dict(parse_assumption(a) for a in options["assumptions"]),

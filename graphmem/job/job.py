@@ -152,8 +152,9 @@ class Job:
         for key in ("checkpoint", "checkpoint_save"):
             if key in step:
                 step[key] = _class_names(step[key])
-        if "checkpoint_blocks" in step:
-            step["checkpoint_blocks"] = _blocks(step["checkpoint_blocks"])
+        for key in ("checkpoint_blocks", "checkpoint_save_blocks"):
+            if key in step:
+                step[key] = _blocks(step[key])
         if "kwargs" in changes:
             changes["model_kwargs"] = dict(changes.pop("kwargs") or {})
         if "inputs" in changes:
@@ -176,7 +177,7 @@ def make_job(model: str | ModelSource | None = None,
              optimizer_kwargs: Mapping[str, Any] | None = None, optimizer_impl: str = "auto",
              amp: str | None = None, checkpoint: Sequence[str] | str = (), checkpoint_every: int = 1,
              checkpoint_save: Sequence[str] | str = (), checkpoint_blocks: Sequence[int] | str = (),
-             grad_accum: int = 1,
+             checkpoint_save_blocks: Sequence[int] | str = (), grad_accum: int = 1,
              gpu: str | None = None, sdpa: str = "auto", alloc_conf: str | None = None,
              assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
              preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
@@ -217,6 +218,7 @@ def make_job(model: str | ModelSource | None = None,
                       optimizer_impl=optimizer_impl, loss=loss, amp=amp, checkpoint=_class_names(checkpoint),
                       checkpoint_every=checkpoint_every, checkpoint_save=_class_names(checkpoint_save),
                       checkpoint_blocks=_blocks(checkpoint_blocks),
+                      checkpoint_save_blocks=_blocks(checkpoint_save_blocks),
                       grad_accum=grad_accum)
     if isinstance(generate, str):
         generate = parse_generate(generate, batch)

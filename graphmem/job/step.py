@@ -43,6 +43,9 @@ class StepConfig:
         checkpoint_blocks: checkpoint only these of those modules (0-based, in the model's
             order: ``model.modules()``), in place of every k-th; empty: every k-th.  What
             ``graphmem plan --policy`` chooses block by block.
+        checkpoint_save_blocks: with ``checkpoint_save`` and ``checkpoint_blocks``: only these of
+            the chosen blocks keep the ``checkpoint_save`` outputs (selective), the others are
+            checkpointed whole; empty: every checkpointed block is selective.
         checkpoint_save: selective checkpointing: inside a checkpointed module, the outputs of
             these ops are saved and every other op is recomputed in backward (names from
             SAVE_CHOICES or aten op names such as ``aten.mm``); empty: recompute everything.
@@ -59,6 +62,7 @@ class StepConfig:
     checkpoint_every: int = 1
     checkpoint_save: tuple[str, ...] = ()
     checkpoint_blocks: tuple[int, ...] = ()
+    checkpoint_save_blocks: tuple[int, ...] = ()
     grad_accum: int = 1
     iterations: int = 2
 
@@ -78,6 +82,10 @@ class StepConfig:
         if self.checkpoint_blocks and self.checkpoint_every != 1:
             raise UserInputError("--checkpoint-blocks names the blocks to checkpoint; --checkpoint-every picks "
                                  "every k-th: give one of them")
+        if self.checkpoint_save_blocks and not (self.checkpoint_save and set(self.checkpoint_save_blocks)
+                                                <= set(self.checkpoint_blocks)):
+            raise UserInputError("--checkpoint-save-blocks names which of the --checkpoint-blocks keep the "
+                                 "--checkpoint-save outputs: give both, and only blocks among --checkpoint-blocks")
         if any(b < 0 for b in self.checkpoint_blocks) or len(set(self.checkpoint_blocks)) != len(
                 self.checkpoint_blocks):
             raise UserInputError(f"--checkpoint-blocks: block indices must be distinct and >= 0, got "

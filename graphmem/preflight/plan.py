@@ -19,7 +19,7 @@ Ranking: graphmem/preflight/ranking.py, the one place the rule is written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -102,7 +102,8 @@ class Plan:
 
 
 def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_amount: float = 0.5,
-              group_size: int = 128, policy: bool = False, front_points: int = FRONT_POINTS) -> Plan:
+              group_size: int = 128, policy: bool = False, front_points: int = FRONT_POINTS,
+              policy_save: Sequence[str] = ()) -> Plan:
     """Predict every remedy for ``job`` against ``budget``; with ``policy``, only the activation
     checkpointing policy with the least recompute that fits (graphmem.preflight.policy).
 
@@ -113,6 +114,8 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
         group_size: int4 quantization group size.
         policy: choose the blocks to checkpoint (``Plan.policy``) instead of the table of remedies.
         front_points: with ``policy``, the points of the memory/recompute front analysed.
+        policy_save: with ``policy``, ``--checkpoint-save`` names (``matmuls``, ``attention``, aten
+            ops): each block may also be checkpointed keeping those ops' outputs.
 
     Returns:
         The Plan (sizes in bytes).
@@ -120,7 +123,7 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
     if job.generate is None:
         validate_inputs(job.inputs, symbolic=False)
     if policy:
-        return _policy_plan(job, budget, front_points)
+        return _policy_plan(job, budget, front_points, tuple(policy_save))
     ctx, both = _context(job, budget, world_size, prune_amount, group_size)
     found: list[Analysed | str] = []
     search = _batch_row(ctx, found)
@@ -145,12 +148,12 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
                 report=without_graphs(both))
 
 
-def _policy_plan(job: Job, budget: Budget, front_points: int) -> Plan:
+def _policy_plan(job: Job, budget: Budget, front_points: int, save: tuple[str, ...]) -> Plan:
     """The plan of ``--policy``: the job as given and the checkpointing policy, no other remedy."""
     job, block_class = policy_job(job)
     ctx, both = _context(job, budget, None, 0.5, 128)
     chosen = make_policy(ctx.job, budget, block_class=block_class, base=ctx.base, source=ctx.source,
-                         front_points=front_points)
+                         front_points=front_points, save=save)
     train_peak = footprint_of(both, "train").peak_bytes if both.train else None
     inference_peak = footprint_of(both, "inference").peak_bytes if both.inference else None
     text = explain(both.train, both.inference, train_peak or 0, inference_peak or 0, None)

@@ -4,9 +4,10 @@ small Python module the user pastes or imports.
 Input: a ``PolicyPlan`` and how the job was described.  Output: the module's text.  It holds the
 blocks to checkpoint, ``apply_policy(model)`` (each chosen block's forward under non-reentrant
 ``torch.utils.checkpoint``, exactly as graphmem analysed it: graphmem.trace.step.checkpointing),
-a ``policy_fn`` for ``create_selective_checkpoint_contexts`` (here every op is recomputed: the
-per-block choice checkpoints whole blocks), torchtitan's activation-checkpointing settings where
-its config can say the same, and for a transformers model the calls of its own checkpointing.
+a ``policy_fn`` for ``create_selective_checkpoint_contexts`` (the blocks checkpointed selectively
+keep the outputs of the ops ``--policy-save`` names, recomputing the rest), torchtitan's
+activation-checkpointing settings where its config can say the same, and for a transformers model
+the calls of its own checkpointing.
 The text imports only torch; it is checked by running it (tests/integration/test_checkpoint_policy.py).
 """
 
@@ -20,15 +21,18 @@ from graphmem.units import format_bytes
 if TYPE_CHECKING:
     from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
 
-__all__ = ["render_policy_module", "torchtitan_settings"]
+__all__ = ["options_of", "render_policy_module", "torchtitan_settings"]
 
 
-def torchtitan_settings(blocks: Sequence[int], total: int) -> dict[str, str] | None:
+def torchtitan_settings(blocks: Sequence[int], total: int, selective: Sequence[int] = ()) -> dict[str, str] | None:
     """torchtitan's ``[activation_checkpoint]`` settings that checkpoint exactly ``blocks`` of
     ``total`` layers, or None where its config cannot say it.  torchtitan (``apply_ac``) wraps
     every layer with ``mode = "full"``, and with ``mode = "selective"`` and a number k as
     ``selective_ac_option`` the layers whose count from 1 is a multiple of k (0-based: k-1,
-    2k-1, ...); ``"none"`` wraps none."""
+    2k-1, ...); ``"none"`` wraps none.  Its op-level selective mode saves every second matmul and
+    the attention outputs, which no choice here is: a choice with ``selective`` blocks is None."""
+    if selective:
+        return None
     chosen = set(blocks)
     if not chosen:
         return {"mode": "none"}
@@ -40,8 +44,8 @@ def torchtitan_settings(blocks: Sequence[int], total: int) -> dict[str, str] | N
     return None
 
 
-def _torchtitan_lines(blocks: Sequence[int], total: int) -> list[str]:
-    settings = torchtitan_settings(blocks, total)
+def _torchtitan_lines(blocks: Sequence[int], total: int, selective: Sequence[int]) -> list[str]:
+    settings = torchtitan_settings(blocks, total, selective)
     if settings is None:
         return ["# torchtitan: its config checkpoints every layer (mode = \"full\") or every k-th (mode =",
                 "# \"selective\", selective_ac_option = \"k\": layers k-1, 2k-1, ...); this choice is neither.",
@@ -71,6 +75,10 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 BLOCK_CLASS = {cls!r}
 BLOCKS = {count}  # in the model analysed
 CHECKPOINTED = {blocks!r}  # as graphmem's --checkpoint-blocks {spec}
+# of those, the blocks checkpointed selectively: they keep the outputs of SAVE_OPS and recompute
+# the rest (--checkpoint-save-blocks); the others recompute their whole forward
+SELECTIVE = {selective!r}
+SAVE_OPS = {save_ops!r}
 '''
 
 _BODY = '''
@@ -83,11 +91,13 @@ def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if BLOCK_CLASS in names(m)]
 
 
+_SAVED = frozenset(getattr(torch.ops.aten, name.split(".")[1]) for name in SAVE_OPS)
+
+
 def policy_fn(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """The per-op policy of torch.utils.checkpoint.create_selective_checkpoint_contexts inside a
-    checkpointed block: this choice saves no op's output, so every op is recomputed (what
-    checkpointing without a policy does too)."""
-    return CheckpointPolicy.PREFER_RECOMPUTE
+    """The per-op policy of torch.utils.checkpoint.create_selective_checkpoint_contexts in the
+    SELECTIVE blocks: the outputs of SAVE_OPS are kept, every other op is recomputed."""
+    return CheckpointPolicy.MUST_SAVE if op.overloadpacket in _SAVED else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def context_fn() -> Any:
@@ -97,6 +107,10 @@ def context_fn() -> Any:
 
 def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _selective(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
 
 def apply_policy(model: torch.nn.Module) -> torch.nn.Module:
@@ -112,7 +126,7 @@ def apply_policy(model: torch.nn.Module) -> torch.nn.Module:
         config.use_cache = False
     for index in CHECKPOINTED:
         block = found[index]
-        block.forward = functools.partial(_checkpointed, block.forward)
+        block.forward = functools.partial(_selective if index in SELECTIVE else _checkpointed, block.forward)
     return model
 '''
 
@@ -120,7 +134,8 @@ _TRANSFORMERS = '''
 
 def enable_transformers_checkpointing(model: Any) -> Any:
     """The same choice with the transformers model's own checkpointing: turned on for every layer
-    (non-reentrant), then off for the layers not chosen.  Use it instead of apply_policy."""
+    (non-reentrant), then off for the layers not chosen, and selective (context_fn) in SELECTIVE.
+    Use it instead of apply_policy."""
     model.config.use_cache = False
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers 5 names it so
@@ -129,6 +144,9 @@ def enable_transformers_checkpointing(model: Any) -> Any:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
     for index, layer in enumerate(blocks_of(model)):
         layer.gradient_checkpointing = index in CHECKPOINTED
+        if index in SELECTIVE:
+            layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False,
+                                                                   context_fn=context_fn)
     return model
 '''
 
@@ -144,9 +162,17 @@ def _summary(policy: PolicyPlan, chosen: CheckpointChoice, described: str) -> st
         f"As given (no block checkpointed): {policy.baseline_bytes:,} B ({format_bytes(policy.baseline_bytes)}).",
         f"Recomputed: {chosen.recompute_flops:,} FLOPs over the two recorded iterations "
         f"({chosen.extra_compute:+.1%} of the step's FLOPs).",
-        f"Check it: graphmem analyze ... --checkpoint {policy.block_class} --checkpoint-blocks "
-        f"{_spec(chosen.blocks)}",
+        f"Check it: graphmem analyze ... {options_of(policy, chosen)}",
     ])
+
+
+def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
+    """The options that analyse ``chosen``: ``--checkpoint Block --checkpoint-blocks 0-3`` (and
+    ``--checkpoint-save matmuls --checkpoint-save-blocks 2-3`` where some blocks are selective)."""
+    text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}"
+    if chosen.selective:
+        text += f" --checkpoint-save {','.join(policy.save)} --checkpoint-save-blocks {_spec(chosen.selective)}"
+    return text
 
 
 def _spec(blocks: Sequence[int]) -> str:
@@ -164,8 +190,9 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
     """
     chosen = policy.chosen if policy.chosen is not None else policy.lowest
     text = _HEAD.format(summary=_summary(policy, chosen, described), cls=policy.block_class,
-                        count=policy.blocks, blocks=tuple(chosen.blocks), spec=_spec(chosen.blocks))
-    text += "\n".join(["", *_torchtitan_lines(chosen.blocks, policy.blocks)]) + "\n"
+                        count=policy.blocks, blocks=tuple(chosen.blocks), spec=_spec(chosen.blocks),
+                        selective=tuple(chosen.selective), save_ops=tuple(policy.saved_ops))
+    text += "\n".join(["", *_torchtitan_lines(chosen.blocks, policy.blocks, chosen.selective)]) + "\n"
     text += _BODY.format()
     if policy.transformers:
         text += _TRANSFORMERS.format()

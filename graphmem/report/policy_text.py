@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.job.grammar import format_blocks
-from graphmem.report.policy_file import torchtitan_settings
+from graphmem.report.policy_file import options_of, torchtitan_settings
 
 if TYPE_CHECKING:
     from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
@@ -19,11 +19,16 @@ __all__ = ["choice_to_dict", "policy_section", "policy_to_dict"]
 
 
 def _blocks(choice: CheckpointChoice) -> str:
-    return format_blocks(choice.blocks) or "none"
+    """``0-3`` (``0-1, 2-3 selective`` where some keep outputs)."""
+    whole = format_blocks([b for b in choice.blocks if b not in choice.selective])
+    kept = format_blocks(choice.selective)
+    return "; ".join(p for p in (f"{whole} whole" if whole and kept else whole, f"{kept} selective" if kept else "")
+                     if p) or "none"
 
 
 def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
     return {"blocks": list(choice.blocks), "checkpoint_blocks": format_blocks(choice.blocks),
+            "selective": list(choice.selective), "checkpoint_save_blocks": format_blocks(choice.selective),
             "peak_bytes": choice.peak_bytes, "predicted_bytes": choice.predicted_bytes,
             "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits}
 
@@ -36,7 +41,9 @@ def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
             "chosen": choice_to_dict(chosen) if chosen is not None else None,
             "lowest": choice_to_dict(policy.lowest), "front": [choice_to_dict(c) for c in policy.front],
             "front_size": policy.front_size, "baseline_peak_bytes": policy.baseline_bytes,
-            "torchtitan": torchtitan_settings((chosen or policy.lowest).blocks, policy.blocks),
+            "torchtitan": torchtitan_settings((chosen or policy.lowest).blocks, policy.blocks,
+                                              (chosen or policy.lowest).selective),
+            "save": list(policy.save), "saved_ops": list(policy.saved_ops),
             "exact": policy.exact, "notes": list(policy.notes), "solver": policy.solver,
             "recordings": policy.recordings, "analyses": policy.analyses}
 
@@ -53,17 +60,20 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     if not chosen.blocks:
         return (f"FITS with no block checkpointed: {fmt(chosen.peak_bytes)}, "
                 f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom")
-    return (f"CHECKPOINT BLOCKS {_blocks(chosen)} ({len(chosen.blocks)} of {policy.blocks} {policy.block_class}): "
+    kept = f", keeping {', '.join(policy.save)} in those marked selective" if chosen.selective else ""
+    of = f"{len(chosen.blocks)} of {policy.blocks} {policy.block_class}{kept}"
+    return (f"CHECKPOINT BLOCKS {_blocks(chosen)} ({of}): "
             f"peak {fmt(chosen.peak_bytes)} (analysed), fits with "
             f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom; recomputes "
             f"{chosen.recompute_flops:,} FLOPs ({chosen.extra_compute:+.1%} compute). The least recompute that "
-            f"fits. Run it: --checkpoint {policy.block_class} --checkpoint-blocks {format_blocks(chosen.blocks)}")
+            f"fits. Run it: {options_of(policy, chosen)}")
 
 
 def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     rows = []
+    chosen = (policy.chosen.blocks, policy.chosen.selective) if policy.chosen is not None else None
     for point in policy.front:
-        mark = "<- chosen" if policy.chosen is not None and point.blocks == policy.chosen.blocks else ""
+        mark = "<- chosen" if (point.blocks, point.selective) == chosen else ""
         rows.append([_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}",
                      "0" if not point.recompute_flops else f"{point.extra_compute:+.1%}",
                      "yes" if point.fits else "no", mark])
@@ -75,14 +85,21 @@ def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
         "blocks checkpointed", "blocks", "peak", "recomputed FLOPs", "extra compute", "fits", ""]))
 
 
+def _recorded(policy: PolicyPlan) -> str:
+    if not policy.save:
+        return "no block, every block, every even and every odd block checkpointed"
+    return ("no block, every block whole and every block selective, and each two of the three alternating on "
+            "even and odd blocks")
+
+
 def _how(policy: PolicyPlan) -> str:
     same = all(p.predicted_bytes == p.peak_bytes for p in policy.front if p.blocks)
     exact = ("the composite equals the analysis for every choice shown" if same
              else "the composite differs from the analysis for some choices shown (peak_bytes decides)")
     notes = f" Not exact: {'; '.join(policy.notes)}." if policy.notes else ""
     return textwrap.fill(
-        f"How: {policy.recordings} recordings of the step (no block, every block, every even and every odd block "
-        f"checkpointed) give the peak of every choice of the {policy.blocks} {policy.block_class} modules, storage by "
+        f"How: {policy.recordings} recordings of the step ({_recorded(policy)}) give the peak of every choice of the "
+        f"{policy.blocks} {policy.block_class} modules, storage by "
         f"storage (graphmem/preflight/policy/composite.py); {policy.solver} picks the least recompute under the "
         f"budget; every peak above is an analysis of the job with those blocks checkpointed "
         f"({policy.analyses} more analyses); {exact}.{notes} Extra compute: recomputed FLOPs over the step's "

@@ -6,7 +6,9 @@ a local config, at three budgets each taken from measured peaks: the emitted mod
 byte, and fits the budget.  Optimality: every per-block choice is run for real, and none with less
 recompute (the blocks' forward FLOPs counted by torch's FlopCounterMode on a real forward, or, for
 blocks alike, their number) fits.  A budget no choice meets is reported with the lowest peak a
-real run of any choice reaches.  No expected value is computed by graphmem.
+real run of any choice reaches.  With ``--policy-save``, the same for a mix of kept, whole and
+selective blocks (GPT, Llama); a transformers ViT at one budget.  No expected value is computed by
+graphmem.
 """
 
 from __future__ import annotations
@@ -244,3 +246,99 @@ def test_cli_writes_the_module_and_the_curve(tmp_path: Path) -> None:
     assert (tmp_path / "curve.svg").read_text().startswith("<?xml")
     module = emitted(policy("gpt", budget), tmp_path)
     assert list(module.CHECKPOINTED) == data["chosen"]["blocks"]
+
+
+# --- per block and selective: each block kept, checkpointed whole, or keeping its matmul and
+# attention outputs (--policy-save matmuls,attention) ---------------------------------------
+
+SAVE = ("matmuls", "attention")
+
+
+@functools.cache
+def measured_selective(name: str) -> dict[tuple[int, ...], int]:
+    """The real peak of every choice: 0 kept, 1 checkpointed whole, 2 keeping SAVE's outputs."""
+    case = CASES[name]
+    out = {}
+    for choice in itertools.product(range(3), repeat=_blocks(case)):
+        out[choice] = _measure(case, case.build, checkpoint_classes=(case.block_class,), checkpoint_save=SAVE,
+                               checkpoint_blocks=tuple(i for i, v in enumerate(choice) if v),
+                               checkpoint_save_blocks=tuple(i for i, v in enumerate(choice) if v == 2))
+    return out
+
+
+@functools.cache
+def selective_policy(name: str, budget: int) -> PolicyPlan:
+    made = make_plan(CASES[name].job(), Budget(budget, Fraction(0), f"{budget}B"), policy=True, policy_save=SAVE)
+    assert made.policy is not None
+    return made.policy
+
+
+def _selective_budgets(name: str) -> list[int]:
+    """Between the lowest peak any choice reaches and the peak with every block selective, and the
+    lowest itself."""
+    runs = measured_selective(name)
+    lowest, selective = min(runs.values()), runs[tuple([2] * len(next(iter(runs))))]
+    return [lowest + (selective - lowest) // 2, lowest]
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("which", [0, 1])
+def test_selective_policy_run_for_real_fits_with_the_fewest_whole_blocks(name: str, which: int,
+                                                                          tmp_path: Path) -> None:
+    """The emitted module, run for real, has the verified peak and fits; no choice that checkpoints
+    fewer blocks whole fits (keeping the matmul and attention outputs, a block recomputes only ops
+    torch's FLOP formulas count nothing for: norms, activations, additions)."""
+    if name == "llama":
+        installed("transformers")
+    budget = _selective_budgets(name)[which]
+    plan = selective_policy(name, budget)
+    chosen = plan.chosen
+    assert chosen is not None, f"{name}: nothing fits {budget} B"
+    case = CASES[name]
+    module = emitted(plan, tmp_path)
+    real = _measure(case, lambda: module.apply_policy(case.build()))
+    assert real == chosen.peak_bytes <= budget, (chosen.blocks, chosen.selective, real, chosen.peak_bytes)
+    whole = len(chosen.blocks) - len(chosen.selective)
+    runs = measured_selective(name)
+    fewer = [c for c, peak in runs.items() if sum(v == 1 for v in c) < whole and peak <= budget]
+    assert not fewer, (name, budget, chosen, fewer)
+    if plan.transformers:
+        real = _measure(case, lambda: module.enable_transformers_checkpointing(case.build()))
+        assert real == chosen.peak_bytes
+
+
+# --- a ViT from transformers (issue 31's third architecture), at one budget: a plan is an analysis
+# of the whole step several times over, and the suite's time is counted ------------------------
+
+VIT = dict(image_size=32, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+           intermediate_size=64, num_labels=10)
+
+
+def build_vit() -> nn.Module:
+    T = installed("transformers")
+    return T.ViTForImageClassification(T.ViTConfig(**VIT))
+
+
+def _measure_vit(build: Callable[[], nn.Module], **options: Any) -> int:
+    torch.manual_seed(1)
+    kw = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.randint(0, 10, (2,))}
+    return measure_training(build, [], OPTIMIZERS["adamw"], "auto", kw_inputs=kw, **options).peak_bytes
+
+
+def test_vit_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path: Path) -> None:
+    """65 tokens of 32 features, 3 ViTLayers: the activations outweigh the parameters and AdamW's
+    state, so checkpointing moves the peak. The budget is three quarters of the way from the real
+    peak with every layer checkpointed to the one with none."""
+    none = _measure_vit(build_vit)
+    every = _measure_vit(build_vit, checkpoint_classes=("ViTLayer",), checkpoint_blocks=(0, 1, 2))
+    assert every < none
+    budget = every + (none - every) * 3 // 4
+    job = make_job(build_vit, ("pixel_values=2x3x32x32", "labels=2:int64"), mode="train", optimizer="adamw",
+                   loss="auto")
+    made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert made is not None and made.chosen is not None and made.chosen.blocks, (budget, made)
+    module = emitted(made, tmp_path)
+    real = _measure_vit(lambda: module.apply_policy(build_vit()))
+    assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
+    assert made.transformers
+    assert _measure_vit(lambda: module.enable_transformers_checkpointing(build_vit())) == real

@@ -122,6 +122,7 @@ class _Tables:
     span: Mapping[tuple[int, int], int]
     touch: Mapping[tuple[int, int], tuple[int, ...]]
     scratch: tuple[tuple[int, ...], ...]
+    owners: Mapping[int, frozenset[int]]  # run -> the owners with bytes there (an index of the two above)
 
 
 def _owner(runs: Runs, start: int) -> int:
@@ -155,7 +156,10 @@ def _tables(recorded: Recorded, runs: Runs, skip: frozenset[int]) -> _Tables:
     touch = {key: tuple(itertools.accumulate(delta[:-1])) for key, delta in touch_delta.items()}
     ops = recorded.mode.trace.ops
     scratch = tuple(tuple(op.scratch_bytes for op in ops[run.start:run.stop]) for run in runs.runs)
-    return _Tables(recorded.choice, runs, span, touch, scratch)
+    owners: dict[int, set[int]] = defaultdict(set)
+    for owner, run in (*span, *touch):
+        owners[run].add(owner)
+    return _Tables(recorded.choice, runs, span, touch, scratch, {r: frozenset(o) for r, o in owners.items()})
 
 
 def _line_up(all_runs: Sequence[Runs], choices: Sequence[tuple[int, ...]]) -> None:
@@ -277,7 +281,7 @@ def _bound(run: int, tables: Sequence[_Tables], shared: Sequence[Shared], varian
            ) -> RunBound:
     """Run ``run``'s RunBound (see the module docstring)."""
     block = tables[0].runs.runs[run].block
-    owners = sorted({o for t in tables for (o, r) in (*t.touch, *t.span) if r == run})
+    owners = sorted({o for t in tables for o in t.owners.get(run, ())})
     # each owner's part, keyed by (X's block variant, the owner's variant)
     parts: dict[int, dict[tuple[int, int], tuple[tuple[int, ...], int]]] = {}
     for owner in owners:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -24,6 +24,7 @@ from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
+from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite
 from graphmem.preflight.policy.solve import SOLVER, pareto_front
 from graphmem.preflight.search import Prediction, predict
@@ -41,6 +42,8 @@ class CheckpointChoice:
     Attributes:
         blocks: the checkpointed blocks (0-based, among the modules of the class in the model's
             order), as ``--checkpoint-blocks`` takes them.
+        selective: those of them that keep the outputs of the plan's ``save`` ops (selective
+            checkpointing), as ``--checkpoint-save-blocks`` takes them; the others are whole.
         peak_bytes: the analysed peak, what the budget compares (graphmem/preflight/footprint.py).
         predicted_bytes: the composite's peak for it (tensor bytes), before the analysis.
         recompute_flops: FLOPs the analysis recomputed (both recorded iterations).
@@ -49,6 +52,7 @@ class CheckpointChoice:
     """
 
     blocks: tuple[int, ...]
+    selective: tuple[int, ...]
     peak_bytes: int
     predicted_bytes: int
     recompute_flops: int
@@ -72,6 +76,9 @@ class PolicyPlan:
         transformers: the model is a transformers PreTrainedModel (the emitted file says how to
             turn its own checkpointing on for these layers).
         recordings: analyses the composite read; ``analyses``: analyses that verified choices.
+        save: with ``--policy-save``, the outputs a block may keep (``--checkpoint-save``'s names),
+            so each block is kept, checkpointed whole or checkpointed keeping them; ``saved_ops``:
+            the aten ops they name.
     """
 
     block_class: str
@@ -88,6 +95,8 @@ class PolicyPlan:
     solver: str
     recordings: int
     analyses: int
+    save: tuple[str, ...] = ()
+    saved_ops: tuple[str, ...] = ()
 
     @property
     def blocks(self) -> int:
@@ -95,7 +104,8 @@ class PolicyPlan:
 
 
 def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
-                source: ModelSource | None = None, front_points: int = FRONT_POINTS) -> PolicyPlan:
+                source: ModelSource | None = None, front_points: int = FRONT_POINTS,
+                save: Sequence[str] = ()) -> PolicyPlan:
     """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
 
     Args:
@@ -105,6 +115,8 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
             class, else the model's outermost repeated block class).
         base: the job's own analysis, when already made.
         front_points: points of the front to analyse (the chosen and the lowest always are).
+        save: ``--checkpoint-save`` names (``matmuls``, ``attention``, aten ops): each block may
+            also be checkpointed selectively, keeping those ops' outputs (a third variant).
 
     Returns:
         The PolicyPlan (bytes; peaks analysed).
@@ -118,15 +130,16 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         raise AssertionError(f"make_policy: the job's model must be resolved, got {source!r}")
     model = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
     cls, paths = _blocks(job, model, block_class)
-    job = policy_job(job)[0]
-    cache = _uses_cache(model)
+    _check_save(save)
+    choices = _Choices(policy_job(job)[0], cls, tuple(save))
     with progress.labelled("checkpointing policy"):
-        base = base or _analyse(job)
-        recorded, done = _recordings(job, cls, len(paths), cache, base)
-        composite = build_composite(recorded, paths)
+        base = base or _analyse(choices.job)
+        recorded, done = _recordings(choices, len(paths), _uses_cache(model), base)
+        composite = build_composite(recorded, paths, choices.variants)
         front = pareto_front(composite)
-        verify = _Verifier(job, cls, composite, budget, base, done)
-        return _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
+        verify = _Verifier(choices, composite, budget, base, done)
+        made = _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
+    return replace(made, save=choices.save, saved_ops=saved_op_names(choices.save))
 
 
 def policy_job(job: Job) -> tuple[Job, str | None]:
@@ -197,9 +210,62 @@ def _uncached(job: Job) -> Job:
     return job.updated(model=build, model_kwargs={}, hf_config=None, preset=None)
 
 
-def _with_blocks(job: Job, cls: str, blocks: Sequence[int]) -> Job:
-    """``job`` with ``blocks`` of class ``cls`` checkpointed (none: the job itself)."""
-    return job.updated(checkpoint=[cls], checkpoint_blocks=list(blocks)) if blocks else job
+@dataclass(frozen=True, slots=True)
+class _Choices:
+    """How a choice (each block's variant: 0 kept, 1 checkpointed whole, 2 checkpointed keeping
+    the ``save`` outputs) becomes a job."""
+
+    job: Job  # without checkpointing
+    cls: str
+    save: tuple[str, ...]
+
+    @property
+    def variants(self) -> int:
+        return 3 if self.save else 2
+
+    def job_of(self, choice: Sequence[int]) -> Job:
+        """The job with ``choice`` applied, as --checkpoint-blocks (--checkpoint-save-blocks) say."""
+        blocks = [i for i, v in enumerate(choice) if v]
+        if not blocks:
+            return self.job
+        selective = [i for i, v in enumerate(choice) if v == 2]
+        if not selective:
+            return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks)
+        return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, checkpoint_save=list(self.save),
+                                checkpoint_save_blocks=selective)
+
+    def label(self, choice: Sequence[int]) -> str:
+        whole = format_blocks([i for i, v in enumerate(choice) if v == 1]) or "none"
+        kept = format_blocks([i for i, v in enumerate(choice) if v == 2])
+        return f"blocks {whole} checkpointed" + (f", {kept} keeping {', '.join(self.save)}" if kept else "")
+
+    def patterns(self, n: int) -> list[tuple[int, ...]]:
+        """Every block alike in each checkpointed variant, and every ordered pair of variants
+        alternating (a on even blocks, b on odd): each pair of neighbours both ways."""
+        alike = [tuple([v] * n) for v in range(1, self.variants)]
+        pairs = [tuple(a if i % 2 == 0 else b for i in range(n))
+                 for a in range(self.variants) for b in range(self.variants) if a != b]
+        return [p for p in dict.fromkeys([*alike, *pairs]) if any(p)]
+
+
+def _check_save(save: Sequence[str]) -> None:
+    """Raises UserInputError for a ``--policy-save`` name that is no kept-output choice."""
+    bad = [name for name in save if name not in ("matmuls", "attention") and not name.startswith("aten.")]
+    if bad:
+        raise UserInputError(f"--policy-save: unknown {', '.join(bad)}; expected matmuls, attention or aten op "
+                             "names such as aten.mm (the outputs a selectively checkpointed block keeps)")
+
+
+def saved_op_names(save: Sequence[str]) -> tuple[str, ...]:
+    """The aten ops (``aten.mm``, ...) whose outputs ``--checkpoint-save`` names keep."""
+    from graphmem.trace.rules import ops
+
+    found = {name for name in save if name.startswith("aten.")}
+    if "matmuls" in save:
+        found |= {str(packet) for packet in ops.MATMULS}
+    if "attention" in save:
+        found |= {str(packet) for packet in ops.ATTENTION}
+    return tuple(sorted(found))
 
 
 def _analyse(job: Job) -> Prediction:
@@ -221,17 +287,17 @@ def _analyse_all(jobs: Sequence[tuple[Job, str]]) -> list[Prediction]:
                     what="analysing a checkpointing choice")
 
 
-def _recordings(job: Job, cls: str, n: int, cache: bool, base: Prediction
+def _recordings(choices: _Choices, n: int, cache: bool, base: Prediction
                 ) -> tuple[list[Recorded], dict[tuple[int, ...], Prediction]]:
-    """The step with no block, every block, every even and every odd block checkpointed (with no
-    block, the KV cache off where checkpointing turns it off); the analyses by choice."""
-    patterns = list(dict.fromkeys([tuple(range(n)), tuple(range(0, n, 2)), tuple(range(1, n, 2))]))
-    patterns = [p for p in patterns if p]
-    jobs = [(_with_blocks(job, cls, p), f"recording with blocks {format_blocks(p)} checkpointed") for p in patterns]
+    """The step with every block alike in each checkpointed variant and with every pair of
+    variants alternating (with no block checkpointed: the job itself, its KV cache off where
+    checkpointing turns it off); the analyses by choice."""
+    patterns = choices.patterns(n)
+    jobs = [(choices.job_of(p), f"recording with {choices.label(p)}") for p in patterns]
     if cache:
-        jobs.append((_uncached(job), "recording with no block checkpointed and the KV cache off"))
+        jobs.append((_uncached(choices.job), "recording with no block checkpointed and the KV cache off"))
     made = _analyse_all(jobs)
-    done = {tuple(int(i in p) for i in range(n)): m for p, m in zip(patterns, made, strict=False)}
+    done = dict(zip(patterns, made, strict=False))
     unchecked = made[-1] if cache else base
     recorded = [Recorded(tuple([0] * n), _train(unchecked))]
     recorded += [Recorded(choice, _train(m)) for choice, m in done.items()]
@@ -247,18 +313,19 @@ def _train(prediction: Prediction) -> Any:
 class _Verifier:
     """Analyses choices (each once) and turns them into CheckpointChoices."""
 
-    def __init__(self, job: Job, cls: str, composite: Composite, budget: Budget, base: Prediction,
+    def __init__(self, choices: _Choices, composite: Composite, budget: Budget, base: Prediction,
                  done: Mapping[tuple[int, ...], Prediction]) -> None:
-        self.job, self.cls, self.composite, self.budget = job, cls, composite, budget
+        self.choices, self.composite, self.budget = choices, composite, budget
         self.flops = _train(base).flops
+        # on a GPU, what the budget compares besides the tensors: the CUDA context, NCCL's buffers
+        self.outside = footprint_of(base.report, "train").outside_bytes
         self.done: dict[tuple[int, ...], Prediction] = dict(done)
         self.analyses = 0  # made here, to verify
 
 
     def analyse(self, choices: Sequence[tuple[int, ...]]) -> None:
         todo = [c for c in dict.fromkeys(choices) if c not in self.done]
-        jobs = [(_with_blocks(self.job, self.cls, _blocks_of(c)),
-                 f"analysing blocks {format_blocks(_blocks_of(c)) or 'none'} checkpointed") for c in todo]
+        jobs = [(self.choices.job_of(c), f"analysing {self.choices.label(c)}") for c in todo]
         self.done.update(zip(todo, _analyse_all(jobs), strict=True))
         self.analyses += len(todo)
 
@@ -266,7 +333,8 @@ class _Verifier:
         self.analyse([choice])
         made = self.done[choice]
         recompute = _train(made).recompute_flops
-        return CheckpointChoice(blocks=_blocks_of(choice), peak_bytes=made.peak_bytes,
+        return CheckpointChoice(blocks=_blocks_of(choice), selective=tuple(i for i, v in enumerate(choice) if v == 2),
+                                peak_bytes=made.peak_bytes,
                                 predicted_bytes=self.composite.peak(choice), recompute_flops=recompute,
                                 extra_compute=recompute / self.flops if self.flops else 0.0,
                                 fits=self.budget.fits(made.peak_bytes))
@@ -276,17 +344,38 @@ def _blocks_of(choice: Sequence[int]) -> tuple[int, ...]:
     return tuple(i for i, v in enumerate(choice) if v)
 
 
+def _choice_of(made: CheckpointChoice, n: int) -> tuple[int, ...]:
+    return tuple(2 if i in made.selective else int(i in made.blocks) for i in range(n))
+
+
 def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]]) -> CheckpointChoice | None:
     """The first point of the front, by recompute, whose analysed peak fits.  The composite's
     peak passes over the points that cannot fit (what the budget compares is never below the
-    tensor bytes); the analysis decides for the others, in order (on the CPU the first is the
-    answer wherever the composite is exact)."""
+    tensor bytes, plus on a GPU what lives outside the allocator); the analysis decides for the
+    others, in order (on the CPU the first is the answer wherever the composite is exact)."""
     for choice in front:
-        if verify.budget.fits(verify.composite.peak(choice)):
+        if verify.budget.fits(verify.composite.peak(choice) + verify.outside):
             made = verify.choice(choice)
             if made.fits:
                 return made
-    return None
+    # on a GPU the allocator's blocks, which the composite does not know, can put a choice it
+    # ranks higher (a recording: every block checkpointed) under the budget; on the CPU, where
+    # the composite is exact, none of these fits either
+    fitting = [made for made in _analysed(verify) if made.fits]
+    return min(fitting, key=lambda made: (made.recompute_flops, made.peak_bytes), default=None)
+
+
+def _analysed(verify: _Verifier) -> list[CheckpointChoice]:
+    """Every choice analysed so far (the recordings among them)."""
+    return [verify.choice(choice) for choice in list(verify.done)]
+
+
+def _lowest(verify: _Verifier, last: tuple[int, ...]) -> CheckpointChoice:
+    """The lowest analysed peak: the front's last point (``last``), unless a choice analysed
+    anyway is lower (on a GPU, by the allocator's blocks: the composite ranks tensor bytes)."""
+    verify.analyse([last])
+    return min(_analysed(verify), key=lambda made: (made.peak_bytes, made.recompute_flops,
+                                                     _choice_of(made, len(last)) != last))
 
 
 def _spread(front: Sequence[tuple[int, ...]], most: int, keep: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -302,8 +391,8 @@ def _answer(verify: _Verifier, front: list[tuple[int, ...]], cls: str, paths: tu
             transformers: bool, recordings: int) -> PolicyPlan:
     n = len(paths)
     chosen = _chosen(verify, front)
-    lowest = verify.choice(front[-1])
-    keep = [front[-1], *([tuple(int(i in chosen.blocks) for i in range(n))] if chosen else [])]
+    lowest = _lowest(verify, front[-1])
+    keep = [front[-1], *([_choice_of(chosen, n)] if chosen else [])]
     shown = _spread(front, points, keep)
     verify.analyse(shown)
     return PolicyPlan(block_class=cls, block_paths=paths, budget=verify.budget, chosen=chosen, lowest=lowest,

@@ -2,23 +2,34 @@
 program solved by CBC (through PuLP, the ``plan`` extra).
 
 Input: a ``Composite`` (composite.py) and a cap in bytes.  Output: each block's variant (0 kept,
-1 checkpointed), or None when no choice stays under the cap; the choice with the least peak; the
+1 checkpointed whole, 2 selective), or None when no choice stays under the cap; the choice with the least peak; the
 front of choices where none other has both less recompute and a lower peak.
 
 The program.  One binary per block and variant, one of them set per block.  The peak P is at
 least every run's bytes; a run's bytes (RunBound) are a table over the variants of the few blocks
 that decide them op by op (``near``), plus a term per variant of every other block that keeps
 bytes through the run (``far``), plus tensors held while any of some blocks is checkpointed
-(``held``: a variable at least each of their binaries).  Each row of the table is a constraint
-that binds only when its blocks have its variants: relaxed otherwise by the row's excess over the
-table's least row, which no other row can need.  Minimise the recompute with P under the cap;
-the least P among the choices of that recompute breaks ties, then the earliest blocks.  Each
-answer is evaluated again with the composite in whole bytes; one that the solver's tolerances let
-over the cap is cut off and the program solved again.
+(``held``: a variable at least each of their binaries).  A table is read through one variable per
+combination of its blocks' variants, at most each binary it needs and one in all (set by the
+binaries, and the convex hull of the table: no big constant, whose relaxation let CBC branch for
+minutes over 32 alike blocks).  Minimise the recompute with P under the cap; the least P among the
+choices of that recompute breaks ties, then the earliest blocks.
+
+Bytes.  CBC works in doubles with tolerances relative to its coefficients: with raw bytes of a
+model of tens of GiB, choices KiB over the cap passed as under it, alike blocks gave as many such
+near-ties as blocks, each was cut off in turn, and the program gave up ("no choice fits" where
+most did; tests/unit/preflight/test_policy_solve.py).  So bytes enter in units of a power of two
+that keeps every coefficient under 2^24 (1 B while each term is under 16 MiB: small models
+exactly), in two programs: bytes rounded up (every answer fits, but one within a few units of the
+cap may be passed over) and bytes rounded down (every choice that fits is there, and an answer
+over the cap is cut off); the better answer of the two is the answer.  Each answer is evaluated
+again with the composite in whole bytes; one that the solver's tolerances let over the cap is cut
+off and the program solved again.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Sequence
@@ -30,7 +41,10 @@ from graphmem.preflight.policy.composite import Composite
 __all__ = ["SOLVER", "least_peak", "least_recompute", "pareto_front"]
 
 SOLVER = "CBC (COIN-OR branch and cut), through PuLP"
-_MOST_CUTS = 20  # answers cut off for the solver's tolerance before giving up
+_MOST_CUTS = 20  # answers cut off for the solver's tolerance (or rounding down) before giving up
+_BYTE_BITS = 24  # bytes enter the program below 2^24 units (the module docstring)
+_QUICK_SECONDS = 5  # a tie-break among alike blocks can branch for minutes: the best found by then
+_FOUND = (1, 2)  # PuLP's solution statuses with a solution: optimal, or the best a time limit found
 
 
 def _pulp() -> Any:
@@ -42,25 +56,25 @@ def _pulp() -> Any:
     return pulp
 
 
-def _cbc(pulp: Any) -> Any:
+def _cbc(pulp: Any, time_limit: float | None = None) -> Any:
     """CBC: the one ``pip install 'pulp[cbc]'`` installs (PuLP 3.3 and later), else the one PuLP's
     wheel bundles (deprecated there, still shipped)."""
     # a binary within CBC's default integrality tolerance (1e-7) of 1 lets a byte-sized
     # coefficient slip a few bytes past the cap; CBC then cut off the true optimum as worse
     # than that near-solution and called the program infeasible
     options = ["integerT 1e-12"]
-    coin = pulp.COIN_CMD(msg=False, options=options)
+    coin = pulp.COIN_CMD(msg=False, options=options, timeLimit=time_limit)
     if coin.available():
         return coin
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False, options=options)
+        return pulp.PULP_CBC_CMD(msg=False, options=options, timeLimit=time_limit)
 
 
 class _Program:
     """The integer program of one Composite; ``solve`` answers one question at a time."""
 
-    def __init__(self, composite: Composite) -> None:
+    def __init__(self, composite: Composite, *, up: bool = True) -> None:
         pulp = _pulp()
         self.pulp = pulp
         self.composite = composite
@@ -70,12 +84,34 @@ class _Program:
         for i in range(n):
             self.problem += pulp.lpSum(self.x[i]) == 1
         self.peak = self._variable("peak", lowBound=0)
-        self.solver = _cbc(pulp)
-        unit = math.gcd(*(c for row in composite.cost for c in row)) or 1
-        self.cost = pulp.lpSum(composite.cost[i][k] // unit * self.x[i][k] for i in range(n) for k in range(v))
-        self.unit = unit
+        self.solver, self.quick = _cbc(pulp), _cbc(pulp, time_limit=_QUICK_SECONDS)
+        # coefficients CBC's tolerances hold exactly: bytes in units of a power of two that keeps
+        # every one under 2^24 (module docstring), FLOPs over their common divisor (and below 2^30)
+        largest = max((b.local[c] for b in composite.bounds for c in b.local), default=1)
+        self.byte_unit = 1 << max(0, (largest >> _BYTE_BITS).bit_length())
+        self.up = up
+        costs = [c for row in composite.cost for c in row if c]
+        self.flop_unit = max(math.gcd(*costs) if costs else 1, -(-max(costs, default=1) // 2**30))
+        self.cost = pulp.lpSum(self._flops(composite.cost[i][k]) * self.x[i][k] for i in range(n) for k in range(v))
         self._held: dict[tuple[int, ...], Any] = {}
+        self._tables: dict[tuple[int, ...], dict[tuple[int, ...], Any]] = {}
         self._constrain()
+
+    def _bytes(self, nbytes: int) -> int:
+        """``nbytes`` in the program's unit, rounded up (``up``: a sum of them under the cap in
+        units is a sum of bytes under the cap) or down (every sum of bytes under the cap is under
+        it in units)."""
+        return -(-nbytes // self.byte_unit) if self.up else nbytes // self.byte_unit
+
+    def _cap(self, cap: int) -> int:
+        """``cap`` bytes in the program's unit, rounded down."""
+        return cap // self.byte_unit
+
+    def _flops(self, flops: int) -> int:
+        return round(flops / self.flop_unit)
+
+    def scaled_cost(self, choice: Sequence[int]) -> int:
+        return sum(self._flops(self.composite.cost[i][k]) for i, k in enumerate(choice))
 
     def _variable(self, name: str, **bounds: Any) -> Any:
         """A variable of the program (PuLP 3.3 attaches it to the program; older PuLP builds it alone)."""
@@ -92,38 +128,57 @@ class _Program:
             self._held[blocks] = y
         return self._held[blocks]
 
+    def _combos(self, near: tuple[int, ...]) -> dict[tuple[int, ...], Any]:
+        """For the blocks ``near``, one variable per combination of their variants, 1 for the
+        combination the binaries set and 0 for the others (each at most every binary it needs,
+        and one in all): the tightest linear form of a table over them, with no big constant."""
+        if near not in self._tables:
+            combos = list(itertools.product(range(self.composite.variants), repeat=len(near)))
+            z = {c: self._variable(f"z_{len(self._tables)}_{n}", lowBound=0, upBound=1) for n, c in enumerate(combos)}
+            self.problem += self.pulp.lpSum(z.values()) == 1
+            for combo, variable in z.items():
+                for block, variant in zip(near, combo, strict=True):
+                    self.problem += variable <= self.x[block][variant]
+            self._tables[near] = z
+        return self._tables[near]
+
     def _constrain(self) -> None:
+        """P is at least every run's bytes: its table through the combination variables of its
+        near blocks, plus its far and held terms (each run once: the second iteration repeats)."""
         seen: set[Any] = set()
         for bound in self.composite.bounds:
             key = (bound.near, tuple(sorted(bound.local.items())), tuple(sorted(bound.far.items())), bound.held)
             if key in seen:
-                continue  # the second iteration repeats most runs
+                continue
             seen.add(key)
-            rest = (self.pulp.lpSum(nbytes * self.x[j][k] for (j, k), nbytes in bound.far.items())
-                    + self.pulp.lpSum(nbytes * self._held_variable(blocks) for nbytes, blocks in bound.held))
-            least = min(bound.local.values())
-            for combo, nbytes in bound.local.items():
-                off = self.pulp.lpSum(1 - self.x[i][k] for i, k in zip(bound.near, combo, strict=True))
-                self.problem += nbytes + rest - (nbytes - least) * off <= self.peak
+            z = self._combos(bound.near)
+            self.problem += (self.pulp.lpSum(self._bytes(b) * z[c] for c, b in bound.local.items())
+                             + self.pulp.lpSum(self._bytes(b) * self.x[j][k] for (j, k), b in bound.far.items())
+                             + self.pulp.lpSum(self._bytes(b) * self._held_variable(blocks) for b, blocks in bound.held)
+                             <= self.peak)
 
-    def solve(self, objective: Any, extra: Sequence[Any], cap: int | None) -> tuple[int, ...] | None:
+    def solve(self, objective: Any, extra: Sequence[Any], cap: int | None, *, cut: bool = True,
+              quick: bool = False) -> tuple[int, ...] | None:
         """Minimise ``objective`` with the ``extra`` constraints; the choice, or None if none.
-        A choice whose peak (the composite's, in whole bytes) is over ``cap`` is cut off."""
+        A choice whose peak (the composite's, in whole bytes) is over ``cap`` is cut off and the
+        program solved again (``cut`` False: returned as it is, for the caller to weigh).
+        ``quick``: the best found in a few seconds will do (a tie-break among alike blocks can
+        branch for minutes)."""
         problem = self.problem.copy()
         problem.setObjective(objective)
         # named: a copy numbers its own constraints from 1 again, over the original's
         for n, constraint in enumerate(extra):
             problem.addConstraint(constraint, name=f"extra_{n}")
-        for cut in range(_MOST_CUTS):
-            status = problem.solve(self.solver)
-            if self.pulp.LpStatus[status] != "Optimal":
+        for tried in range(_MOST_CUTS):
+            status = problem.solve(self.quick if quick else self.solver)
+            if self.pulp.LpStatus[status] != "Optimal" or problem.sol_status not in _FOUND:
                 return None
             choice = tuple(self._variant(i) for i in range(self.composite.blocks))
-            if cap is None or self.composite.peak(choice) <= cap:
+            if cap is None or not cut or self.composite.peak(choice) <= cap:
                 return choice
             # the solver's tolerance let it over: cut this choice off
             problem.addConstraint(self.pulp.lpSum(self.x[i][k] for i, k in enumerate(choice))
-                                  <= self.composite.blocks - 1, name=f"cut_{cut}")
+                                  <= self.composite.blocks - 1, name=f"cut_{tried}")
         return None
 
     def _variant(self, block: int) -> int:
@@ -133,18 +188,36 @@ class _Program:
 
     def least_recompute(self, cap: int | None) -> tuple[int, ...] | None:
         """See least_recompute."""
-        limit = [self.peak <= cap] if cap is not None else []
+        limit = [self.peak <= self._cap(cap)] if cap is not None else []
         first = self.solve(self.cost, limit, cap)
         if first is None:
             return None
-        best = self.composite.recompute(first) // self.unit
-        tied = self._better(first, self.solve(self.peak, [*limit, self.cost <= best], cap))
-        # among those, the earliest blocks (the same answer every time, and the nearest to
-        # "the first k blocks")
+        best = self.scaled_cost(first)
+        tied = self._better(first, self.solve(self.peak, [*limit, self.cost <= best], cap, cut=False, quick=True))
+        # among those, the fewest and earliest blocks (the same answer every time, and the
+        # nearest to "the first k blocks")
         lowest = self.composite.peak(tied)
         order = self.pulp.lpSum((i + 1) * self.x[i][k] for i in range(self.composite.blocks)
                                 for k in range(1, self.composite.variants))
-        return self._better(tied, self.solve(order, [self.peak <= lowest, self.cost <= best], lowest))
+        fewest = self.solve(order, [self.peak <= self._cap(lowest), self.cost <= best], lowest, cut=False, quick=True)
+        return self._earliest(self._better(tied, fewest))
+
+    def _earliest(self, choice: tuple[int, ...]) -> tuple[int, ...]:
+        """``choice`` with its checkpointed blocks moved to earlier ones where that costs no more
+        recompute and no higher peak (the same answer every time, and the nearest to "the first
+        k blocks"): a later block's variant and an earlier kept block's swap while they do."""
+        current = list(choice)
+        peak, cost = self.composite.peak(current), self.composite.recompute(current)
+        for early in range(len(current)):
+            for late in range(len(current) - 1, early, -1):
+                if current[early] or not current[late]:
+                    continue
+                trial = list(current)
+                trial[early], trial[late] = trial[late], 0
+                if self.composite.recompute(trial) <= cost and self.composite.peak(trial) <= peak:
+                    current = trial
+                    break
+        return tuple(current)
 
     def _better(self, known: tuple[int, ...], other: tuple[int, ...] | None) -> tuple[int, ...]:
         """``other`` unless it is missing or worse than ``known`` in recompute or peak."""
@@ -154,29 +227,50 @@ class _Program:
         return other
 
 
+class _Programs:
+    """The program with bytes rounded up (every answer fits) and, where bytes are rounded, the one
+    with bytes rounded down (it holds every choice that fits; an answer over the cap is cut off,
+    up to _MOST_CUTS times): the better answer of the two."""
+
+    def __init__(self, composite: Composite) -> None:
+        self.composite = composite
+        up = _Program(composite, up=True)
+        self.programs = (up,) if up.byte_unit == 1 else (up, _Program(composite, up=False))
+
+    def _best(self, answers: Sequence[tuple[int, ...] | None]) -> tuple[int, ...] | None:
+        found = [a for a in answers if a is not None]
+        return min(found, key=lambda c: (self.composite.recompute(c), self.composite.peak(c)), default=None)
+
+    def least_recompute(self, cap: int | None) -> tuple[int, ...] | None:
+        return self._best([program.least_recompute(cap) for program in self.programs])
+
+    def least_peak(self) -> tuple[int, ...]:
+        lows = [lowest for p in self.programs if (lowest := p.solve(p.peak, [], None)) is not None]
+        assert lows, "least_peak: every choice is feasible"
+        lowest = min(lows, key=self.composite.peak)
+        answer = self.least_recompute(self.composite.peak(lowest))
+        return answer if answer is not None else lowest
+
+
 def least_recompute(composite: Composite, cap: int | None) -> tuple[int, ...] | None:
     """The choice with the least recompute whose peak is at most ``cap`` bytes (None: any), the
     lowest peak among equals; None when no choice stays under the cap."""
-    return _Program(composite).least_recompute(cap)
+    return _Programs(composite).least_recompute(cap)
 
 
 def least_peak(composite: Composite) -> tuple[int, ...]:
     """The choice with the lowest peak, the least recompute among equals."""
-    program = _Program(composite)
-    lowest = program.solve(program.peak, [], None)
-    assert lowest is not None, "least_peak: every choice is feasible"
-    answer = program.least_recompute(composite.peak(lowest))
-    return answer if answer is not None else lowest
+    return _Programs(composite).least_peak()
 
 
 def pareto_front(composite: Composite, most: int = 64) -> list[tuple[int, ...]]:
     """Choices where no other has both less recompute and a lower peak, from no recompute (every
     block kept) to the lowest peak, at most ``most`` of them."""
-    program = _Program(composite)
+    programs = _Programs(composite)
     front: list[tuple[int, ...]] = []
     cap: int | None = None
     while len(front) < most:
-        choice = program.least_recompute(cap)
+        choice = programs.least_recompute(cap)
         if choice is None:
             break
         front.append(choice)

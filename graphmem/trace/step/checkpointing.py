@@ -24,16 +24,21 @@ __all__ = ["checkpointed"]
 def checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iterator[None]:
     """Run every ``step.checkpoint_every``-th module of the named classes (or those
     ``step.checkpoint_blocks`` names) under non-reentrant torch.utils.checkpoint; with
-    ``step.checkpoint_save``, selectively (op outputs kept)."""
+    ``step.checkpoint_save``, selectively (op outputs kept; only in ``step.checkpoint_save_blocks``
+    where it names some)."""
     if not step.checkpoint:
         yield
         return
     paths = {id(m): name for name, m in model.named_modules()}
-    targets = _chosen(_modules_of(model, step.checkpoint), step)
+    modules = _modules_of(model, step.checkpoint)
+    targets = _chosen(modules, step)
     context = selective_policy(step.checkpoint_save) if step.checkpoint_save else None
+    # with --checkpoint-save-blocks, only those blocks are selective; the others are checkpointed whole
+    selective = step.checkpoint_save_blocks
+    whole = {id(m) for i, m in enumerate(modules) if selective and i not in selective}
     for module in targets:
-        module.forward = functools.partial(_checkpoint_call, module.forward,
-                                           paths.get(id(module), ""), recorder, context)
+        module.forward = functools.partial(_checkpoint_call, module.forward, paths.get(id(module), ""), recorder,
+                                           None if id(module) in whole else context)
     # transformers' own gradient checkpointing turns the KV cache off while training (a cache
     # filled in the forward would be appended to again by every recompute); so does this
     config: Any = getattr(model, "config", None)

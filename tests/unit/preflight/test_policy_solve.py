@@ -67,6 +67,41 @@ def test_front_and_lowest_peak() -> None:
     assert composite.peak(lowest) == min(composite.peak(c) for c in choices) == points[-1][1]
 
 
+def _alike_blocks(blocks: int, variants: int) -> Composite:
+    """Blocks alike as a large model's (tens of GiB, GiB per block), each run's bytes a few hundred
+    bytes apart from block to block: choices differ by far less than CBC's tolerances on raw bytes
+    (the solver once called every cap below two blocks' "nothing fits")."""
+    gib = 2**30
+    saved = (3 * gib // 2, gib // 8, gib // 2)[:variants]  # kept, checkpointed whole, selective
+    bounds = []
+    for i in range(blocks):  # forward of block i, then (below) its backward, with recompute
+        far = {(j, k): saved[k] for j in range(i) for k in range(variants)}
+        bounds.append(RunBound(i, (i,), {(k,): 30 * gib + saved[k] + 12345 * i for k in range(variants)}, far, ()))
+        bounds.append(RunBound(blocks + i, (i,), {(k,): 30 * gib + 3 * gib // 2 + (gib // 4 if k else 0) + 777 * i
+                                                   for k in range(variants)}, far, ()))
+    cost = tuple((0, 10**12, 4 * 10**11)[:variants] for _ in range(blocks))
+    return Composite(blocks, variants, tuple(bounds), cost, exact=True, notes=())
+
+
+@needs("pulp")
+@pytest.mark.parametrize(("blocks", "variants"), [(8, 2), (5, 3)])
+def test_bytes_of_a_large_model_are_solved_exactly(blocks: int, variants: int) -> None:
+    composite = _alike_blocks(blocks, variants)
+    choices = list(itertools.product(range(variants), repeat=blocks))
+    every = sorted((composite.recompute(c), composite.peak(c)) for c in choices)
+    peaks = sorted({p for _, p in every})
+    for cap in [peaks[0], peaks[1] - 1, peaks[len(peaks) // 3], peaks[-2]]:
+        found = least_recompute(composite, cap)
+        assert found is not None and (composite.recompute(found), composite.peak(found)) == min(
+            (r, p) for r, p in every if p <= cap), cap
+    front = [(composite.recompute(c), composite.peak(c)) for c in pareto_front(composite)]
+    best: list[tuple[int, int]] = []
+    for r, p in every:  # the exhaustive front: each next point strictly lower
+        if not best or p < best[-1][1]:
+            best.append((r, p))
+    assert front == best
+
+
 def test_block_lists() -> None:
     assert parse_blocks("0-3,6") == (0, 1, 2, 3, 6)
     assert parse_blocks("") == ()
