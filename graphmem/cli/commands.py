@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from graphmem.preflight.verdict import check, judge
     from graphmem.report import RENDERERS, write_files
     from graphmem.report.files import StagedFiles, staged_files
-    from graphmem.report.header import Setup, setup_of
+    from graphmem.report.header import Setup, allocator_setting, setup_of
     from graphmem.report.html import render_html
     from graphmem.report.plan_table import PLAN_RENDERERS
     from graphmem.report.policy_curve import write_policy_curve
@@ -71,7 +71,7 @@ _ANALYSIS = {
     "graphmem.preflight.verdict": ("check", "judge"),
     "graphmem.report": ("RENDERERS", "write_files"),
     "graphmem.report.files": ("staged_files",),
-    "graphmem.report.header": ("Setup", "setup_of"),
+    "graphmem.report.header": ("Setup", "allocator_setting", "setup_of"),
     "graphmem.report.html": ("render_html",),
     "graphmem.report.plan_table": ("PLAN_RENDERERS",),
     "graphmem.report.policy_curve": ("write_policy_curve",),
@@ -315,7 +315,9 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
 
         report = again(alloc_conf)
         train = report.train
-        setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none")
+        conf, source = allocator_setting(alloc_conf) if gpu else ("", "")
+        setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none", gpu=gpu,
+                      alloc_conf=conf or "", alloc_conf_source=source if conf else "", sdpa=sdpa)
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup)
         verdict = judge(report, "train", limit, again, alloc_conf) if limit is not None else None
         if verdict is not None:

@@ -32,7 +32,8 @@ FIRST_PARAGRAPH = {
     "plan": "What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer, accumulation, "
             "ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its predicted peak, saving "
             "and extra compute; and why training takes N times inference. With --policy: which blocks to checkpoint "
-            "for the least recompute that fits.",
+            "for the least recompute that fits (with --policy-save OPS, also which of them keep those ops' "
+            "outputs).",
     "run": "Run a training program, unchanged, and predict its memory: graphmem run [OPTIONS] SCRIPT.py [ARGS]...",
 }
 

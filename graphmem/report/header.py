@@ -75,12 +75,19 @@ class Setup:
     assume: tuple[tuple[str, str], ...] = ()
 
 
+def allocator_setting(given: str | None) -> tuple[str, str]:
+    """The allocator settings a CUDA job runs under and where they come from: ``--alloc-conf``
+    when given, else the environment's ("" when neither sets any)."""
+    if given is not None:
+        return given, "--alloc-conf"
+    return alloc_conf_from_environment(), "the environment"
+
+
 def setup_of(job: Job) -> Setup:
     """The settings of ``job`` (its preset applied) that change its numbers."""
     job = job.with_preset()
     step = job.step
-    env = alloc_conf_from_environment()
-    conf, source = (job.alloc_conf, "--alloc-conf") if job.alloc_conf is not None else (env, "the environment")
+    conf, source = allocator_setting(job.alloc_conf)
     return Setup(training=job.mode != "inference" and job.generate is None, optimizer=step.optimizer,
                  optimizer_impl=step.optimizer_impl, optimizer_kwargs=dict(step.optimizer_kwargs),
                  dtype=str(job.dtype).removeprefix("torch.") if job.dtype is not None else None, amp=step.amp,

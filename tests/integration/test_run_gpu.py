@@ -6,6 +6,7 @@ the report says at that point of the run."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -105,6 +106,12 @@ def test_command_line_on_the_gpu() -> None:
     assert result.exit_code == 0, result.output
     assert re.search(r"device\s+cuda, h100-80gb", result.output)
     assert "reserved peak (max_memory_reserved)" in result.output
+    assert re.search(r"allocator\s+PyTorch's defaults", result.output)
+    conf = CliRunner().invoke(main, ["run", "--gpu", "h100", "--alloc-conf", "expandable_segments:True", "--format",
+                                     "json", "examples/train_loop.py", "--batch-size", "8"])
+    assert conf.exit_code == 0, conf.output
+    data, _ = json.JSONDecoder().raw_decode(conf.stdout[conf.stdout.index("{"):])  # the program prints after it
+    assert data["setup"]["alloc_conf"] == "expandable_segments:True"  # the settings it ran under
     both = CliRunner().invoke(main, ["run", "--device", "cpu", "--gpu", "h100", "examples/train_loop.py"])
     assert both.exit_code == 2 and "give one of them" in both.output
 
