@@ -7,7 +7,8 @@ byte, and fits the budget.  Optimality: every per-block choice is run for real, 
 recompute (the blocks' forward FLOPs counted by torch's FlopCounterMode on a real forward, or, for
 blocks alike, their number) fits.  A budget no choice meets is reported with the lowest peak a
 real run of any choice reaches.  With ``--policy-save``, the same for a mix of kept, whole and
-selective blocks (GPT, Llama); a transformers ViT at one budget.  No expected value is computed by
+selective blocks (GPT, Llama); a transformers ViT and a model of MoE blocks (routed as graphmem
+assumes, the real runs forced the same way) at one budget each.  No expected value is computed by
 graphmem.
 """
 
@@ -30,6 +31,7 @@ from click.testing import CliRunner
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+import graphmem
 from graphmem.cli import main
 from graphmem.job import make_job
 from graphmem.preflight.budget import Budget
@@ -38,6 +40,7 @@ from graphmem.preflight.policy.search import PolicyPlan
 from graphmem.report.policy_file import render_policy_module
 from tests.optional import installed, needs
 from tests.oracles import OPTIMIZERS, measure_training, real_inputs
+from tests.value_models import ExpertLoop, ForcedRouting
 
 pytestmark = [pytest.mark.slow, needs("pulp")]
 
@@ -342,3 +345,55 @@ def test_vit_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path
     assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
     assert made.transformers
     assert _measure_vit(lambda: module.enable_transformers_checkpointing(build_vit())) == real
+
+
+# --- a model with MoE blocks (issue 31's fifth architecture): the experts' sizes come from the
+# router's choices, which graphmem takes as --assume routing says; the real runs are forced to
+# route the same way (tests.value_models.ForcedRouting) -------------------------------------------
+
+class MoEBlock(nn.Module):
+    """A pre-norm residual block around top-2 experts (tests.value_models.ExpertLoop)."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.moe = ExpertLoop(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.moe(self.norm(x))
+
+
+class MoENet(nn.Module):
+    def __init__(self, dim: int = 32, blocks: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[MoEBlock(dim) for _ in range(blocks)])
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))  # type: ignore[no-any-return]
+
+
+def _measure_moe(build: Callable[[], nn.Module], **options: Any) -> int:
+    x = torch.randn(512, 32, generator=torch.Generator().manual_seed(0))
+    with ForcedRouting("uneven"):
+        return measure_training(build, [x], OPTIMIZERS["adam"], "sum", **options).peak_bytes
+
+
+def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path: Path) -> None:
+    """512 tokens through 3 MoE blocks routed unevenly (graphmem's default: one expert takes
+    all but three of the choices): the emitted module, run for real with the same routing,
+    peaks at the verified peak and under the budget, half way between every block
+    checkpointed and none."""
+    none = _measure_moe(MoENet)
+    every = _measure_moe(MoENet, checkpoint_classes=("MoEBlock",), checkpoint_blocks=(0, 1, 2))
+    assert every < none
+    job = make_job(MoENet, ("512x32",), mode="train", optimizer="adam", loss="sum", assume={"routing": "uneven"})
+    # the recompute in backward reads the routing again (graphmem failed there before)
+    checkpointed = graphmem.analyze(job.updated(checkpoint=["MoEBlock"])).train
+    assert checkpointed is not None and checkpointed.peak_bytes == every
+    budget = every + (none - every) // 2
+    made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert made is not None and made.chosen is not None and made.chosen.blocks, (budget, made)
+    module = emitted(made, tmp_path)
+    real = _measure_moe(lambda: module.apply_policy(MoENet()))
+    assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)

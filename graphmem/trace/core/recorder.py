@@ -214,7 +214,9 @@ class Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS as exc:
             return self.answers.answer(func, args, kwargs, exc, self.pending[1])
-        if self.phase in (Phase.FORWARD, Phase.LOSS):
+        if self.phase in (Phase.FORWARD, Phase.LOSS) or (self.phase == Phase.BACKWARD and self.modules.stack):
+            # the forward, and its recompute in backward (activation checkpointing: the same
+            # values are read again, and answered as the first time)
             self.answers.follow(func, args, kwargs, out)
         elif self.phase == Phase.PROGRAM:  # graphmem run: the program's data code, with the program's values
             self.answers.follow(func, args, kwargs, out, model=False)
