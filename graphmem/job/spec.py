@@ -37,7 +37,7 @@ DTYPE_ALIASES: dict[str, torch.dtype] = {alias: getattr(torch, name) for alias, 
 
 # The values ``--assume NAME=VALUE`` may give an integer input, besides an integer.
 ASSUMPTION_KINDS = ("ones", "zeros", "arange")
-BELOW = "below:"  # --assume NAME=below:N: integers drawn uniformly from [0, N), seed 0
+BELOW = "below:"  # --assume NAME=below:N: integers drawn uniformly from [0, N), a generator started at 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,7 @@ READ_VALUE = "reads"
 
 def parse_assumption(text: str) -> tuple[str, str]:
     """``NAME=ones|zeros|arange|INT|below:N`` -> (name, value) (``below:N``: integers drawn
-    uniformly from [0, N) with a fixed seed: token ids below the vocabulary, node indices below
+    uniformly from [0, N) by a generator started at 0: token ids below the vocabulary, node indices below
     the node count); or ``nonzero=F``, F in [0, 1]: the
     fraction of their most that value-dependent sizes (nonzero, masks, unique, LLM.int8's
     outlier columns) keep."""

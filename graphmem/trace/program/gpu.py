@@ -389,7 +389,8 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
         "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
         "set_rng_state": lambda new_state, device="cuda": None, "set_rng_state_all": lambda new_states: None,
-        "initial_seed": lambda: 0, "seed": lambda: None, "seed_all": lambda: None,  # torch.cuda rng
+        # torch.cuda's generator: started at 0, nothing to set
+        "initial_seed": lambda: 0, "seed": lambda: None, "seed_all": lambda: None,
         "memory_summary": lambda device=None, abbreviated=False: _summary(counters.now()),
         "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
         **{name: _no_cuda_graphs(name) for name in ("graph_pool_handle", "CUDAGraph", "graph",

@@ -43,7 +43,7 @@ UNIFORM_DRAWS = frozenset({aten.rand, aten.rand_like})
 # checks for NaN and inf (packets) -> the answer on finite values
 FINITE_CHECKS = {aten.isnan: False, aten.isinf: False, aten.isposinf: False, aten.isneginf: False}
 # in-place ops that overwrite every value of their tensor without reading it (packets): its
-# values afterwards are known whatever it held (DataLoader's seed: torch.empty(()).random_())
+# values afterwards are known whatever it held (a DataLoader's first random number: torch.empty(()).random_())
 OVERWRITES = frozenset({aten.random_, aten.uniform_, aten.normal_, aten.bernoulli_, aten.exponential_,
                         aten.geometric_, aten.log_normal_, aten.cauchy_, aten.fill_, aten.zero_})
 # choices made from values (an MoE router's torch.topk / argmax of its scores): where no shadow

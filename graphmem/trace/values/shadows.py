@@ -73,7 +73,7 @@ def _make(kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
         return torch.zeros(shape, dtype=dtype)
     if kind == "arange":
         return torch.arange(shape[-1] if shape else 1, dtype=dtype).expand(shape).contiguous()
-    if kind.startswith(BELOW):  # drawn as torch.randint(0, N, shape, generator=Generator().manual_seed(0))
+    if kind.startswith(BELOW):  # torch.randint(0, N, shape) from a generator started at 0
         return torch.randint(0, int(kind.removeprefix(BELOW)), shape, dtype=dtype,
                              generator=torch.Generator().manual_seed(0))
     return torch.full(shape, int(kind), dtype=dtype)
