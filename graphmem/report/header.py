@@ -14,6 +14,7 @@ bytes / the dtype's item size, each storage once (tied weights share one).  With
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,7 +206,10 @@ def parameter_count(mode: ModeReport) -> dict[str, int]:
             counts["4-bit"] = counts.get("4-bit", 0) + 2 * storage.nbytes  # two to a byte
             continue
         itemsize = getattr(torch, storage.dtype).itemsize
-        counts[storage.dtype] = counts.get(storage.dtype, 0) + storage.nbytes // itemsize
+        # a storage that takes no allocated bytes (memory-mapped from a checkpoint, or on the
+        # host on a GPU) still holds its parameters: counted by their shape
+        elements = storage.nbytes // itemsize or math.prod(storage.shape)
+        counts[storage.dtype] = counts.get(storage.dtype, 0) + elements
     return counts
 
 
@@ -227,7 +231,8 @@ def _count_text(counts: dict[str, int], params_bytes: int, fmt: Callable[[int], 
     words = (f"{total / 1e9:.2f} billion; " if total >= 10**9 else
              f"{total / 1e6:.1f} million; " if total >= 10**6 else "")
     dtypes = " + ".join(f"{n:,} {d}" for d, n in counts.items()) if len(counts) > 1 else f"{total:,} {''.join(counts)}"
-    return f"{dtypes.strip()} ({words}{fmt(params_bytes)})"
+    where = ": none allocated, memory-mapped from a file or on the host" if total and not params_bytes else ""
+    return f"{dtypes.strip()} ({words}{fmt(params_bytes)}{where})"
 
 
 def _inputs_text(inputs: Sequence[str]) -> str:

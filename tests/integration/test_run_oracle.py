@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from graphmem import run_program
 from graphmem.cli import main
+from graphmem.report.header import parameter_count
 from tests.conftest import ROOT
 from tests.oracles import measure_program, save_tiny_gpt2
 
@@ -68,6 +69,8 @@ def test_fine_tuning_from_a_checkpoint(tmp_path: Path) -> None:
     predicted = run_program(script, [str(folder)], steps=2).train
     assert predicted is not None and predicted.params_bytes == 0
     assert [real.phase_peaks[f"step {k + 1}"] - params for k in range(2)] == list(predicted.iteration_peaks)
+    # the header still counts them: mapped, not absent
+    assert parameter_count(predicted) == {"float32": params // 4}
 
 
 def test_hf_trainer_script(tmp_path: Path) -> None:
