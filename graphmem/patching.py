@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["patched", "replaced_everywhere"]
+__all__ = ["environment", "patched", "replaced_everywhere"]
 
 _MISSING = object()
 
@@ -28,6 +29,22 @@ def patched(*replacements: tuple[Any, str, Any]) -> Iterator[None]:
                     delattr(owner, name)
             else:
                 setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Inside, ``os.environ`` holds ``values``; on exit each variable is as it was (unset again
+    where it was unset)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager

@@ -194,7 +194,7 @@ class Recorder(TorchDispatchMode):
             self.op_sizes[index] = (expr_of(scratch), expr_of(flops))
             scratch, flops = hint_of(scratch), hint_of(flops)
         listed = tuple(self.books.track(t, index).sid for t in in_tensors) \
-            if func.name().startswith(_MULTI_TENSOR) and len(in_tensors) > len(in_sids) else ()
+            if len(in_tensors) > len(in_sids) and func.name().startswith(_MULTI_TENSOR) else ()  # cheap test first
         self.ops.append(OpRecord(index=index, op=str(func), phase=self.phase,
                                  iteration=self.iteration, module=module, inputs=in_sids,
                                  outputs=out_sids, scratch_bytes=scratch, flops=flops, recompute=recompute,

@@ -12,7 +12,6 @@ PyTorch's own engines (DDP, FSDP2, DeviceMesh, tensor parallel) run on it as und
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -22,24 +21,10 @@ import torch
 from graphmem._torch_api import fake_process_group_store, process_group_sizes, unset_fake_temporarily
 from graphmem.errors import UnsupportedError
 from graphmem.job.program import Program
-from graphmem.patching import patched
+from graphmem.patching import environment, patched
 from graphmem.trace.distributed import ddp_on_fakes, following_resizes
 
 __all__ = ["as_rank"]
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -117,7 +102,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
         start("fake", store=fake_process_group_store(), rank=rank, world_size=world)
 
     counts = [(torch.cuda, "device_count", lambda: program.nproc_per_node)] if gpu else []
-    with _environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
+    with environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
             _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), \
             patched((dist, "init_process_group", init_process_group),
                     (dist.distributed_c10d, "init_process_group", init_process_group), *counts):

@@ -43,6 +43,7 @@ from graphmem._torch_api import (
 from graphmem.errors import TraceError
 from graphmem.job.assume import Assumptions
 from graphmem.job.program import Program
+from graphmem.patching import environment
 from graphmem.records import Phase, Trace
 from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
@@ -92,15 +93,15 @@ _SINGLETONS = (("accelerate.state", ("PartialState", "AcceleratorState", "Gradie
 _ENVIRON = {"HF_DEACTIVATE_ASYNC_LOAD": "1"}
 
 
-def _singletons() -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Each loaded singleton's shared state, with a copy of what it holds now."""
+def _singletons() -> list[dict[str, Any]]:
+    """The shared state of each loaded singleton."""
     found = []
     for module_name, names in _SINGLETONS:
         module = sys.modules.get(module_name)
         for name in names:
             shared = getattr(getattr(module, name, None), "_shared_state", None)
             if isinstance(shared, dict):
-                found.append((shared, dict(shared)))
+                found.append(shared)
     return found
 
 
@@ -113,23 +114,17 @@ def _as_main(program: Program) -> Iterator[None]:
     state (it would not see torchrun's environment; accelerate's own ``_reset_state`` clears
     them the same)."""
     argv, path = sys.argv[:], sys.path[:]
-    before = {id(shared): copy for shared, copy in _singletons()}
-    for shared, _ in _singletons():
+    before = {id(shared): dict(shared) for shared in _singletons()}
+    for shared in _singletons():
         shared.clear()
-    environ = {name: os.environ.get(name) for name in _ENVIRON}
-    os.environ.update(_ENVIRON)
     sys.argv = [program.target, *program.argv]
     sys.path.insert(0, os.getcwd() if program.module else os.path.dirname(os.path.abspath(program.target)))
     try:
-        yield
+        with environment(_ENVIRON):
+            yield
     finally:
         sys.argv[:], sys.path[:] = argv, path
-        for name, value in environ.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        for shared, _ in _singletons():
+        for shared in _singletons():
             shared.clear()
             shared.update(before.get(id(shared), {}))
 
