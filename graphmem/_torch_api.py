@@ -66,6 +66,7 @@ __all__ = [
     "fsdp_storage_modules",
     "ops_with_kernel_for",
     "is_cached_tensor",
+    "pipeline_backward_meta",
     "pipeline_inference_mode",
     "sdp_priority_order",
     "backward_keeping_modes",
@@ -319,6 +320,14 @@ def pipeline_inference_mode() -> Any:
     from torch.distributed.pipelining._utils import InferenceMode
 
     return InferenceMode
+
+
+def pipeline_backward_meta(output_metas: tuple[Any, ...]) -> Any:
+    """What a pipeline stage's next stage sends back for outputs of these metas (torch's own
+    rule for an input's gradient: same shape, strides and dtype, none where no gradient flows)."""
+    from torch.distributed.pipelining._utils import _derive_grad_metas, _StageBackwardMeta
+
+    return _StageBackwardMeta(backward_metas=_derive_grad_metas(output_metas))
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from graphmem._torch_api import OP_ERRORS, OpOverload
 from graphmem.cuda.alloc_conf import AllocatorConfig, alloc_conf_from_environment, parse_alloc_conf
 from graphmem.cuda.gpus import GPU, get_gpu
 from graphmem.cuda.nccl import nccl_buffer_bytes
-from graphmem.errors import GraphmemError, UserInputError
+from graphmem.errors import GraphmemError, TraceError, UserInputError
 from graphmem.job.assume import Assumptions
 from graphmem.job.finetune import count_trained, prepare_finetuning
 from graphmem.job.job import DEFAULT_GPU, Job, make_job
@@ -41,10 +41,13 @@ from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, Ra
 from graphmem.records import Phase, Trace
 from graphmem.trace import (
     CudaKernels,
+    Exchanged,
     GpuMemory,
     GpuTarget,
+    Mailbox,
     Recording,
     Spoiled,
+    Waits,
     distinct_ranks,
     forks_ranks,
     record_ranks,
@@ -349,7 +352,9 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         nproc_per_node, nnodes: processes per node and nodes, as ``torchrun --nproc-per-node
             --nnodes`` starts them, one process included (with a string ``program``; a ``Program``
             carries its own); neither given: one process, as ``python`` starts it.
-        ranks: which to record: ``auto`` (rank 0 and the last), ``all``, or a list.
+        ranks: which to record: ``auto`` (rank 0, the last, and the first rank of each
+            pipeline stage), ``all``, or a list (and any rank whose pipeline stage another
+            recorded rank waits for: graphmem.trace.program.stage_messages).
         policy: storage release policy (graphmem.memory.liveness).
 
     Returns:
@@ -370,7 +375,9 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
     chosen = program_ranks(ranks, program.world_size)
 
-    def one(rank: int, cut: bool = False) -> tuple[ModeReport, str]:
+    box = [Mailbox()]  # what the ranks recorded so far sent (their pipeline stages' messages)
+
+    def one(rank: int, cut: bool = False) -> _RankRun:
         target = None
         if cuda is not None:
             def memory(trace: Trace, since: int) -> GpuMemory:
@@ -385,7 +392,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
                                CudaKernels(cuda[0], sdpa), memory)
         progress.show(f"running {program.command}" + (f" as rank {rank}" if program.world_size > 1 else "")
                       + (", its model's repeated blocks recorded once" if cut else ""))
-        traced = trace_program(program, gpu=target, rank=rank, cut=cut)
+        traced = trace_program(program, gpu=target, rank=rank, cut=cut, mailbox=box[0])
         progress.show(f"analysing {len(traced.trace.ops):,} ops")
         report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
         if cuda is not None and target is not None:
@@ -393,13 +400,13 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             if traced.communicators:  # NCCL's own buffers, one set per communicator, outside the allocator
                 stats = replace(stats, nccl_buffer_bytes=nccl_buffer_bytes(traced.communicators))
             report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
-        return report, traced.models[0] if traced.models else program.target
+        return _RankRun(report, traced.models[0] if traced.models else program.target, traced.exchanged)
 
-    def repeated(rank: int) -> tuple[ModeReport, str]:
+    def repeated(rank: int) -> _RankRun:
         """The rank recorded with its model's stack of alike blocks cut to four (graphmem.trace.
         program.stacks), in a process of its own: a recording that does not repeat by offset
         (or fails) is thrown away and the rank recorded whole, here, as the process stood."""
-        whole = forked if len(chosen) > 1 else one  # (a graph does not pickle back from a rank's process)
+        whole = forked if program.world_size > 1 else one  # (a graph does not pickle back from a rank's process)
         if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") == "0":
             return whole(rank)
         tried = fork_once(lambda: forked(rank, True), what="recording a rank of the program")
@@ -410,26 +417,35 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             progress.show(f"recording the whole model ({value})")
             return whole(rank)
         sys.stdout.write(written)
-        if kind == "raised":  # the program's own failure (nothing was cut), or an interruption
+        if kind == "raised":  # the program's own failure (nothing was cut), a wait, or an interruption
             raise value
-        result: tuple[ModeReport, str] = value
+        result: _RankRun = value
         return result
 
-    def forked(rank: int, cut: bool = False) -> tuple[ModeReport, str]:  # a graph does not pickle
-        report, name = one(rank, cut)
-        return with_graph(report, torch.fx.Graph()), name
+    def forked(rank: int, cut: bool = False) -> _RankRun:  # a graph does not pickle
+        run = one(rank, cut)
+        return replace(run, report=with_graph(run.report, torch.fx.Graph()))
 
-    if len(chosen) > 1:  # each rank a process of its own, as torchrun starts them: its own imports
-        made = fork_each(repeated, chosen, what="running a rank of the program")
-    else:
-        made = [repeated(rank) for rank in chosen]
-    recorded = [(rank, *result) for rank, result in zip(chosen, made, strict=True)]
-    train, model = recorded[0][1], recorded[0][2]
+    def attempt(rank: int) -> _RankRun | Waits:
+        try:
+            return repeated(rank)
+        except Waits as waits:  # recorded again once the rank it waits for is
+            return waits
+
+    def record(ranks: Sequence[int]) -> list[_RankRun | Waits]:
+        if program.world_size > 1:  # each rank a process of its own, as torchrun starts them: its own imports
+            return fork_each(attempt, ranks, what="running a rank of the program")
+        return [attempt(rank) for rank in ranks]
+
+    runs, added = _record_program_ranks(record, chosen, box, stage_ranks=ranks == "auto")
+    recorded = sorted(runs.items())
+    train, model = recorded[0][1].report, recorded[0][1].model
     if program.world_size > 1:
-        reports = sorted((RankReport(rank, (rank,), report) for rank, report, _ in recorded),
+        reports = sorted((RankReport(rank, (rank,), run.report) for rank, run in recorded),
                          key=lambda r: (-r.report.budget_peak_bytes, r.rank))
-        note = (f"ranks {', '.join(map(str, chosen))} of {program.world_size} recorded"
-                + (" (rank 0 and the last; --ranks all records every rank)" if ranks == "auto" else ""))
+        note = (f"ranks {', '.join(str(rank) for rank, _ in recorded)} of {program.world_size} recorded"
+                + (" (rank 0 and the last; --ranks all records every rank)" if ranks == "auto" and not added else "")
+                + (f" ({added}; --ranks all records every rank)" if added else ""))
         train = replace(reports[0].report, ranks=tuple(reports),
                         assumptions=(*reports[0].report.assumptions, note))
     return MemoryReport(target=model, device=device, inputs=(), inference=None, train=train,
@@ -437,8 +453,60 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
                         parallel=f"{program.world_size} processes" if program.world_size > 1 else None)
 
 
+@dataclass(frozen=True)
+class _RankRun:
+    """One rank of a program, recorded and analysed: its report, its model's class, and what
+    its pipeline stages sent and assumed."""
+
+    report: ModeReport
+    model: str
+    exchanged: Exchanged
+
+
+def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Waits]], chosen: Sequence[int],
+                          box: list[Mailbox], *, stage_ranks: bool) -> tuple[dict[int, _RankRun], str]:
+    """Each rank of ``chosen`` recorded by ``record`` (several at once), until the messages
+    between pipeline stages agree (graphmem.trace.program.stage_messages): a rank that waits
+    for another's message is recorded again after it (that rank recorded too, if not chosen),
+    one whose assumed message a later recording contradicts is recorded again.  ``box[0]`` is
+    the mailbox the recordings read.  ``stage_ranks``: also the first rank of each pipeline
+    stage.  Returns the recordings by rank, and why ranks not chosen were recorded ("" if none).
+
+    Raises:
+        TraceError: the ranks still wait for each other after as many rounds as ranks.
+    """
+    runs: dict[int, _RankRun] = {}
+    pending, why = sorted(set(chosen)), dict[int, str]()
+    for _ in range(2 * len(set(chosen)) + 8):
+        waiting: dict[int, Waits] = {}
+        for rank, result in zip(pending, record(pending), strict=True):
+            if isinstance(result, Waits):
+                waiting[rank] = result
+            else:
+                runs[rank] = result
+        sent = {key: message for run in runs.values() for key, message in run.exchanged.sent.items()}
+        for waits in waiting.values():
+            sent.update(waits.sent)
+        box[0] = Mailbox(sent)
+        again = {rank for rank, run in runs.items() if box[0].contradicts(run.exchanged.assumed)}
+        for rank in again:
+            del runs[rank]
+        senders = {w.sender for w in waiting.values() if not box[0].find(w.key)[0]}
+        stages = set(runs[0].exchanged.stages.values()) if stage_ranks and 0 in runs else set()
+        for rank in sorted((senders | stages) - set(chosen) - set(why)):
+            why[rank] = "the pipeline stages the others wait for" if rank in senders else \
+                "the first rank of each pipeline stage"
+        pending = sorted(set(waiting) | again | ((senders | stages) - set(runs)))
+        if not pending:
+            return runs, ", ".join(dict.fromkeys(why.values()))
+    stuck = ", ".join(f"rank {rank}: {waits}" for rank, waits in waiting.items())
+    raise TraceError(f"the program's pipeline stages wait for each other's messages ({stuck}); graphmem "
+                     "records each rank alone and could not order them")
+
+
 def program_ranks(ranks: str | Sequence[int], world: int) -> tuple[int, ...]:
-    """The ranks ``--ranks`` names: ``auto`` (rank 0 and the last), ``all``, or a list ("0,7").
+    """The ranks ``--ranks`` names: ``auto`` (rank 0 and the last; pipeline stages' first ranks
+    are added once rank 0 has been recorded), ``all``, or a list ("0,7").
 
     Raises:
         UserInputError: a rank outside the world, or text that names none.

@@ -252,7 +252,8 @@ def _budget_options(command: Any) -> Any:
 @click.option("--nnodes", type=click.IntRange(min=1), default=None,
               help="Nodes, as torchrun --nnodes: RANK runs over all of them, LOCAL_RANK and GROUP_RANK per node.")
 @click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
-              help="With --nproc-per-node: the ranks to record (auto: rank 0 and the last).")
+              help="With --nproc-per-node: the ranks to record (auto: rank 0, the last, and the first rank "
+                   "of each pipeline stage).")
 @click.option("--gpu", default=None, metavar="NAME",
               help=f"The GPU the program's \"cuda\" is ({', '.join(GPUS)}); implies --device cuda. With "
                    f"--device cuda alone: {DEFAULT_GPU}.")

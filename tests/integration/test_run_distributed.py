@@ -101,3 +101,28 @@ def test_nccl_buffers_on_the_gpu_as_analyze_counts_them() -> None:
     assert single is not None and single.allocator
     assert ranks.allocator.nccl_buffer_bytes == job.allocator.nccl_buffer_bytes > 0
     assert single.allocator.nccl_buffer_bytes == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("program", "world", "env", "recorded"), [
+    ("pipelined.py", 4, {"SCHEDULE": "gpipe"}, [0, 2, 3]),
+    ("pipelined.py", 3, {"SCHEDULE": "1f1b", "PP": "3"}, [0, 1, 2]),
+    ("pipelined_interleaved.py", 2, {}, [0, 1]),
+], ids=["gpipe-2-stages-x-2-replicas", "1f1b-3-stages", "interleaved-2-stages-per-rank"])
+def test_pipelined_programs_every_recorded_rank_equals_the_real_run(
+        program: str, world: int, env: dict[str, str], recorded: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.distributed.pipelining with no example shapes given: the stages tell each other
+    their shapes at run time, which graphmem carries between the ranks it records each alone.
+    ``--ranks auto`` records rank 0, the last, and each stage's first rank (rank 2 on the 2 x 2
+    mesh of stages by replicas); each equal to the real gloo run, to the byte, each step."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    script = str(PROGRAMS / program)
+    real = measure_program_distributed(script, world_size=world, steps=2)
+    report = run_program(script, nproc_per_node=world).train
+    assert report is not None
+    predicted = {r.rank: r.report for r in report.ranks}
+    assert sorted(predicted) == recorded
+    for rank in recorded:
+        assert predicted[rank].peak_bytes == real[rank]["peak_bytes"], rank
+        assert list(predicted[rank].iteration_peaks) == [real[rank]["phase_peaks"][f"step {k}"] for k in (1, 2)]

@@ -12,6 +12,8 @@ allocators, reports or the command line (the GPU's memory answers are a function
 - ``ranks``: one rank of a torchrun-style launch, on torch's fake process group;
 - ``loads`` and ``effects``: checkpoints read from their headers only, saves skipped, the
   program's own line for each op;
+- ``stage_messages``: what a pipelined program's stages tell each other, carried between
+  the ranks' recordings;
 - ``stacks``: the program's model built with four of its stack of alike blocks, the others
   placed in the recording after (graphmem.trace.repeat).
 """
@@ -20,5 +22,6 @@ from __future__ import annotations
 
 from graphmem.trace.program.gpu import GpuMemory, GpuTarget
 from graphmem.trace.program.run import ProgramTrace, Spoiled, trace_program
+from graphmem.trace.program.stage_messages import Exchanged, Mailbox, Waits
 
-__all__ = ["GpuMemory", "GpuTarget", "ProgramTrace", "Spoiled", "trace_program"]
+__all__ = ["Exchanged", "GpuMemory", "GpuTarget", "Mailbox", "ProgramTrace", "Spoiled", "Waits", "trace_program"]

@@ -30,6 +30,8 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import io
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -425,10 +427,15 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
 def _import_before_the_gpu_is_there() -> None:
     """Libraries that choose their backend at import by asking ``torch.cuda.is_available()``,
     imported before it says yes: torch._dynamo keeps the functions it finds then (graphmem.job.devices),
-    bitsandbytes would load its CUDA backend, which needs a CUDA build of torch."""
+    bitsandbytes would load its CUDA backend, which needs a CUDA build of torch.  What they
+    print as they load (bitsandbytes: a line about the Hub's offline mode) is graphmem's
+    doing, not the program's: not shown."""
     for name in ("torch._dynamo", "bitsandbytes"):
         if importlib.util.find_spec(name) is not None:
-            with contextlib.suppress(Exception):  # broad: a broken library fails in the program, as without graphmem
+            with contextlib.suppress(Exception), warnings.catch_warnings(), \
+                    contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                # broad: a broken library fails in the program, as without graphmem
+                warnings.simplefilter("ignore")
                 importlib.import_module(name)
 
 

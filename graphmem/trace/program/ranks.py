@@ -76,6 +76,35 @@ def _strided_shards_indexed_for_real(quiet: Callable[[], AbstractContextManager[
         _StridedShard.local_shard_size_and_offset = original  # type: ignore[method-assign]
 
 
+class _HeldWork:
+    """A point-to-point message's request that holds its tensor until it is dropped, as gloo's
+    and NCCL's requests do (the fake process group's holds none): a pipeline schedule keeps
+    its forward sends' requests until the step's backward, and with them the activations sent."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self._work, self._tensor = work, tensor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def _requests_holding_tensors() -> Iterator[None]:
+    """``isend`` and ``irecv`` return requests that hold their tensor (``_HeldWork``)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    def holding(original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            work = original(tensor, *args, **kwargs)
+            return None if work is None else _HeldWork(work, tensor)
+        return call
+
+    isend, irecv = holding(c10d.isend), holding(c10d.irecv)
+    with patched((c10d, "isend", isend), (dist, "isend", isend), (c10d, "irecv", irecv), (dist, "irecv", irecv)):
+        yield
+
+
 @contextlib.contextmanager
 def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Tensor], None],
             quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None],
@@ -103,7 +132,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
 
     counts = [(torch.cuda, "device_count", lambda: program.nproc_per_node)] if gpu else []
     with environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
-            _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), \
+            _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), _requests_holding_tensors(), \
             patched((dist, "init_process_group", init_process_group),
                     (dist.distributed_c10d, "init_process_group", init_process_group), *counts):
         try:

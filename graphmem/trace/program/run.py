@@ -30,7 +30,7 @@ import runpy
 import sys
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.program.loads import loading_headers_only
 from graphmem.trace.program.ranks import as_rank
 from graphmem.trace.program.stacks import Cuts, Spoiled, cutting_stacks
+from graphmem.trace.program.stage_messages import Exchange, Exchanged, Mailbox, Waits, exchanging_stage_messages
 from graphmem.trace.repeat.place import Unrepeatable, placed_calls, repeat_program
 from graphmem.trace.rules import rules_for
 
@@ -80,6 +81,8 @@ class ProgramTrace:
     # the stack the recording cut (graphmem.trace.program.stacks): its module path in the model
     # and the blocks the program built; None when the model was recorded whole
     cut: tuple[str, int] | None = None
+    # what its pipeline stages sent each other (graphmem.trace.program.stage_messages)
+    exchanged: Exchanged = field(default_factory=Exchanged)
 
 
 # process-wide singletons a program sets up once and a second program in the same process may
@@ -130,14 +133,17 @@ def _as_main(program: Program) -> Iterator[None]:
 
 
 def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int = 0,
-                  cut: bool = False) -> ProgramTrace:
+                  cut: bool = False, mailbox: Mailbox | None = None) -> ProgramTrace:
     """Run ``program`` under the recorder until its ``program.steps``-th optimizer step ends:
     on the CPU, or with ``gpu`` its "cuda" that GPU (graphmem.trace.program.gpu); as ``rank``
-    of its ``nproc_per_node`` (graphmem.trace.program.ranks).
+    of its ``nproc_per_node`` (graphmem.trace.program.ranks), its pipeline stages receiving
+    what the ranks recorded before sent (``mailbox``; graphmem.trace.program.stage_messages).
 
     Raises:
         TraceError: the program raised (its own frames named), or ended or exited before its
             first optimizer step.
+        Waits: a pipeline stage needs a message from a rank not yet recorded (with what this
+            recording had sent).
     """
     # the program holds its own tensors: each dies when it lets go of it (held: none); a value
     # the program reads (loss.item()) is 0: see the module docstring
@@ -152,6 +158,8 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     groups: list[int] = []
     saves: list[str] = []
     cuts = Cuts()
+    exchange = Exchange(mailbox or Mailbox())
+    exchanging = exchanging_stage_messages(exchange) if program.launched else contextlib.nullcontext()
 
     def snapshot(since: int) -> tuple[Trace, int]:  # the whole run so far (a cut stack placed whole)
         so_far = _trace(recorder, books, ())
@@ -161,7 +169,7 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     cutting = cutting_stacks(cuts, recorder.silenced) if cut else contextlib.nullcontext()
     with _as_main(program), quiet_fake_tensor_logs(), cutting, on_gpu, \
             as_rank(program, rank, gpu is not None, recorder.books.resized, recorder.silenced, recorder.books.hold,
-                    groups), \
+                    groups), exchanging, \
             data_loading_in_process(workers.append), \
             skipping_saves(saves), \
             loading_headers_only(recorder.books.map_from_file), fake_mode, recorder, hooks(books):
@@ -174,6 +182,9 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
             stopped = True
         except SystemExit as exc:
             exited = exc.code
+        except Waits as waits:
+            waits.sent = dict(exchange.sent)
+            raise
         except Exception as exc:  # broad: the program is user code and may raise anything; reported as its failure
             if cuts.made:  # it may have failed for its model being cut: the whole model decides
                 raise Spoiled(f"the program raised {type(exc).__name__} with its model cut") from exc
@@ -207,7 +218,8 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
                     gpu.kernels.backends[backend] = gpu.kernels.backends.get(backend, 0) + n
     return ProgramTrace(trace=trace, steps=books.steps_done, stopped=stopped,
                         communicators=sum(size > 1 for size in groups),
-                        models=tuple(books.models), optimizers=tuple(books.optimizers), cut=made)
+                        models=tuple(books.models), optimizers=tuple(books.optimizers), cut=made,
+                        exchanged=exchange.result())
 
 
 def _named(cuts: Cuts, books: Books) -> dict[int, int]:
