@@ -443,9 +443,9 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     if program.world_size > 1:
         reports = sorted((RankReport(rank, (rank,), run.report) for rank, run in recorded),
                          key=lambda r: (-r.report.budget_peak_bytes, r.rank))
+        why = [*(["rank 0 and the last"] if ranks == "auto" else []), *added]
         note = (f"ranks {', '.join(str(rank) for rank, _ in recorded)} of {program.world_size} recorded"
-                + (" (rank 0 and the last; --ranks all records every rank)" if ranks == "auto" and not added else "")
-                + (f" ({added}; --ranks all records every rank)" if added else ""))
+                + (f" ({'; '.join(why)}; --ranks all records every rank)" if why else ""))
         train = replace(reports[0].report, ranks=tuple(reports),
                         assumptions=(*reports[0].report.assumptions, note))
     return MemoryReport(target=model, device=device, inputs=(), inference=None, train=train,
@@ -464,13 +464,14 @@ class _RankRun:
 
 
 def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Waits]], chosen: Sequence[int],
-                          box: list[Mailbox], *, stage_ranks: bool) -> tuple[dict[int, _RankRun], str]:
+                          box: list[Mailbox], *, stage_ranks: bool) -> tuple[dict[int, _RankRun], tuple[str, ...]]:
     """Each rank of ``chosen`` recorded by ``record`` (several at once), until the messages
     between pipeline stages agree (graphmem.trace.program.stage_messages): a rank that waits
     for another's message is recorded again after it (that rank recorded too, if not chosen),
     one whose assumed message a later recording contradicts is recorded again.  ``box[0]`` is
     the mailbox the recordings read.  ``stage_ranks``: also the first rank of each pipeline
-    stage.  Returns the recordings by rank, and why ranks not chosen were recorded ("" if none).
+    stage.  Returns the recordings by rank, and why ranks not chosen were recorded ("2, 3: the
+    first rank of each pipeline stage"; none: empty).
 
     Raises:
         TraceError: the ranks still wait for each other after as many rounds as ranks.
@@ -495,10 +496,11 @@ def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Wait
         stages = set(runs[0].exchanged.stages.values()) if stage_ranks and 0 in runs else set()
         for rank in sorted((senders | stages) - set(chosen) - set(why)):
             why[rank] = "the pipeline stages the others wait for" if rank in senders else \
-                "the first rank of each pipeline stage"
+                "each pipeline stage's first rank"
         pending = sorted(set(waiting) | again | ((senders | stages) - set(runs)))
         if not pending:
-            return runs, ", ".join(dict.fromkeys(why.values()))
+            reasons = {reason: [r for r in sorted(why) if why[r] == reason] for reason in dict.fromkeys(why.values())}
+            return runs, tuple(f"{', '.join(map(str, ranks))}: {reason}" for reason, ranks in reasons.items())
     stuck = ", ".join(f"rank {rank}: {waits}" for rank, waits in waiting.items())
     raise TraceError(f"the program's pipeline stages wait for each other's messages ({stuck}); graphmem "
                      "records each rank alone and could not order them")

@@ -81,13 +81,13 @@ def test_ranks_are_recorded_again_until_every_stage_has_what_it_waited_for() -> 
     assert sorted(runs) == [0, 1, 2]
     # 2 waits for stage 1, so 1 is recorded (2 still waits: 1 was recorded beside it); 1 sends
     # an outcome 0 assumed otherwise, so 0 again, with 2; 2's outcome contradicts 1's: 1 again
-    assert chain.rounds == [[0, 2], [1, 2], [0, 2], [1]] and why == "the pipeline stages the others wait for"
+    assert chain.rounds == [[0, 2], [1, 2], [0, 2], [1]] and why == ("1: the pipeline stages the others wait for",)
 
 
 def test_auto_adds_each_stages_first_rank_and_answers_a_replica_by_stage() -> None:
     chain = _Chain(stages=2, replicas=2, outcome=1)  # ranks 0, 1: stage 0; 2, 3: stage 1
     runs, why = _record_program_ranks(chain.record, [0, 3], chain.box, stage_ranks=True)
-    assert sorted(runs) == [0, 2, 3] and why == "the first rank of each pipeline stage"
+    assert sorted(runs) == [0, 2, 3] and why == ("2: each pipeline stage's first rank",)
     assert chain.rounds == [[0, 3], [2, 3]]  # rank 3's stage-0 peer (rank 1) is never recorded
 
 
