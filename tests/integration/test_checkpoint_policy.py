@@ -7,9 +7,9 @@ byte, and fits the budget.  Optimality: every per-block choice is run for real, 
 recompute (the blocks' forward FLOPs counted by torch's FlopCounterMode on a real forward, or, for
 blocks alike, their number) fits.  A budget no choice meets is reported with the lowest peak a
 real run of any choice reaches.  With ``--policy-save``, the same for a mix of kept, whole and
-selective blocks (GPT, Llama); a transformers ViT and a model of MoE blocks (routed as graphmem
-assumes, the real runs forced the same way) at one budget each.  No expected value is computed by
-graphmem.
+selective blocks (GPT, Llama); a transformers ViT at one budget, and a model of MoE blocks (routed
+as graphmem assumes, the real runs forced the same way) at three.  No expected value is computed
+by graphmem.
 """
 
 from __future__ import annotations
@@ -379,21 +379,41 @@ def _measure_moe(build: Callable[[], nn.Module], **options: Any) -> int:
         return measure_training(build, [x], OPTIMIZERS["adam"], "sum", **options).peak_bytes
 
 
-def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path: Path) -> None:
+@functools.cache
+def measured_moe(blocks: tuple[int, ...]) -> int:
+    """The real peak with these MoE blocks checkpointed (by the oracle's own checkpointing)."""
+    return _measure_moe(MoENet, checkpoint_classes=("MoEBlock",), checkpoint_blocks=blocks)
+
+
+MOE_JOB = functools.partial(make_job, MoENet, ("512x32",), mode="train", optimizer="adam", loss="sum",
+                            assume={"routing": "uneven"})
+
+
+@functools.cache
+def moe_policy(budget: int) -> PolicyPlan:
+    made = make_plan(MOE_JOB(), Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert made is not None
+    return made
+
+
+def test_moe_checkpointed_analysis_equals_the_real_run() -> None:
+    """The recompute in backward reads the routing again (graphmem failed there before)."""
+    checkpointed = graphmem.analyze(MOE_JOB().updated(checkpoint=["MoEBlock"])).train
+    assert checkpointed is not None and checkpointed.peak_bytes == measured_moe((0, 1, 2))
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: int, tmp_path: Path) -> None:
     """512 tokens through 3 MoE blocks routed unevenly (graphmem's default: one expert takes
     all but three of the choices): the emitted module, run for real with the same routing,
-    peaks at the verified peak and under the budget, half way between every block
-    checkpointed and none."""
-    none = _measure_moe(MoENet)
-    every = _measure_moe(MoENet, checkpoint_classes=("MoEBlock",), checkpoint_blocks=(0, 1, 2))
+    peaks at the verified peak and under the budget; the budgets as for the models above, from
+    the real peaks with every block checkpointed and none."""
+    none, every = measured_moe(()), measured_moe((0, 1, 2))
     assert every < none
-    job = make_job(MoENet, ("512x32",), mode="train", optimizer="adam", loss="sum", assume={"routing": "uneven"})
-    # the recompute in backward reads the routing again (graphmem failed there before)
-    checkpointed = graphmem.analyze(job.updated(checkpoint=["MoEBlock"])).train
-    assert checkpointed is not None and checkpointed.peak_bytes == every
-    budget = every + (none - every) // 2
-    made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
-    assert made is not None and made.chosen is not None and made.chosen.blocks, (budget, made)
+    budget = [every + (none - every) * 3 // 4, every + (none - every) // 4, every][which]
+    made = moe_policy(budget)
+    assert made.chosen is not None and made.chosen.blocks, (budget, made)
     module = emitted(made, tmp_path)
     real = _measure_moe(lambda: module.apply_policy(MoENet()))
     assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
+    assert real == measured_moe(made.chosen.blocks)  # the same as the oracle's own checkpointing
