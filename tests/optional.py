@@ -12,7 +12,7 @@ import pytest
 __all__ = ["installed", "needs"]
 
 _EXTRA = {"transformers": "hf", "huggingface_hub": "hf", "peft": "lora", "bitsandbytes": "qlora",
-          "matplotlib": "viz", "pydot": "viz", "pulp": "plan"}
+          "matplotlib": "viz", "pydot": "viz", "pulp": "plan", "pwlf": "dev"}
 
 
 def _reason(package: str) -> str:

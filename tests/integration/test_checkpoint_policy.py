@@ -7,9 +7,9 @@ byte, and fits the budget.  Optimality: every per-block choice is run for real, 
 recompute (the blocks' forward FLOPs counted by torch's FlopCounterMode on a real forward, or, for
 blocks alike, their number) fits.  A budget no choice meets is reported with the lowest peak a
 real run of any choice reaches.  With ``--policy-save``, the same for a mix of kept, whole and
-selective blocks (GPT, Llama); a transformers ViT and a model of MoE blocks (routed as graphmem
-assumes, the real runs forced the same way) at one budget each.  No expected value is computed by
-graphmem.
+selective blocks (GPT, Llama); a transformers ViT at one budget, and a model of MoE blocks and a
+transformers Mixtral (routed as graphmem assumes, the real runs forced the same way) at three.
+No expected value is computed by graphmem.
 """
 
 from __future__ import annotations
@@ -145,10 +145,14 @@ def _cost(name: str, blocks: tuple[int, ...]) -> int:
 
 
 def _budgets(name: str) -> list[int]:
-    """Three budgets from the measured peaks: near the peak with no block checkpointed, half way,
-    and exactly the peak with every block checkpointed."""
+    """Three budgets from the measured peaks."""
     runs = measured_all(name)
-    none, every = runs[()], runs[tuple(range(max(len(b) for b in runs)))]
+    return _between(runs[()], runs[tuple(range(max(len(b) for b in runs)))])
+
+
+def _between(none: int, every: int) -> list[int]:
+    """Three budgets from the real peaks with no block checkpointed and every block: three
+    quarters of the way from the second to the first, a quarter of the way, and the second."""
     return [every + (none - every) * 3 // 4, every + (none - every) // 4, every]
 
 
@@ -379,21 +383,100 @@ def _measure_moe(build: Callable[[], nn.Module], **options: Any) -> int:
         return measure_training(build, [x], OPTIMIZERS["adam"], "sum", **options).peak_bytes
 
 
-def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path: Path) -> None:
+@functools.cache
+def measured_moe(blocks: tuple[int, ...]) -> int:
+    """The real peak with these MoE blocks checkpointed (by the oracle's own checkpointing)."""
+    return _measure_moe(MoENet, checkpoint_classes=("MoEBlock",), checkpoint_blocks=blocks)
+
+
+MOE_JOB = functools.partial(make_job, MoENet, ("512x32",), mode="train", optimizer="adam", loss="sum",
+                            assume={"routing": "uneven"})
+
+
+@functools.cache
+def moe_policy(budget: int) -> PolicyPlan:
+    made = make_plan(MOE_JOB(), Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert made is not None
+    return made
+
+
+def test_moe_checkpointed_analysis_equals_the_real_run() -> None:
+    """The recompute in backward reads the routing again (graphmem failed there before)."""
+    checkpointed = graphmem.analyze(MOE_JOB().updated(checkpoint=["MoEBlock"])).train
+    assert checkpointed is not None and checkpointed.peak_bytes == measured_moe((0, 1, 2))
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: int, tmp_path: Path) -> None:
     """512 tokens through 3 MoE blocks routed unevenly (graphmem's default: one expert takes
     all but three of the choices): the emitted module, run for real with the same routing,
-    peaks at the verified peak and under the budget, half way between every block
-    checkpointed and none."""
-    none = _measure_moe(MoENet)
-    every = _measure_moe(MoENet, checkpoint_classes=("MoEBlock",), checkpoint_blocks=(0, 1, 2))
+    peaks at the verified peak and under the budget; the budgets as for the models above, from
+    the real peaks with every block checkpointed and none."""
+    none, every = measured_moe(()), measured_moe((0, 1, 2))
     assert every < none
-    job = make_job(MoENet, ("512x32",), mode="train", optimizer="adam", loss="sum", assume={"routing": "uneven"})
-    # the recompute in backward reads the routing again (graphmem failed there before)
-    checkpointed = graphmem.analyze(job.updated(checkpoint=["MoEBlock"])).train
-    assert checkpointed is not None and checkpointed.peak_bytes == every
-    budget = every + (none - every) // 2
-    made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
-    assert made is not None and made.chosen is not None and made.chosen.blocks, (budget, made)
+    budget = _between(none, every)[which]
+    made = moe_policy(budget)
+    assert made.chosen is not None and made.chosen.blocks, (budget, made)
     module = emitted(made, tmp_path)
     real = _measure_moe(lambda: module.apply_policy(MoENet()))
     assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
+    assert real == measured_moe(made.chosen.blocks)  # the same as the oracle's own checkpointing
+
+
+# --- a transformers Mixtral (MoE decoder layers, top-2 of 4 experts) from a local config: its eager
+# experts loop over the experts the router hit (nonzero), each on the tokens routed to it (where),
+# so memory depends on the routing, which graphmem takes as --assume routing says and the real runs
+# are forced to follow (tests.value_models.ForcedRouting: the router's topk) ----------------------
+
+# (transformers' default experts, grouped_mm, sort the token-expert pairs into tensors of one size
+# whatever the routing: the eager loop is the case that depends on it)
+MIXTRAL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager")
+
+
+def build_mixtral() -> nn.Module:
+    T = installed("transformers")
+    return T.MixtralForCausalLM(T.MixtralConfig(**MIXTRAL))
+
+
+def _measure_mixtral(build: Callable[[], nn.Module], **options: Any) -> int:
+    torch.manual_seed(1)
+    ids = torch.randint(0, 256, (2, 128))
+    kw = {"input_ids": ids, "labels": ids.clone()}  # two inputs, as graphmem's job has them
+    with ForcedRouting("uneven"):
+        return measure_training(build, [], OPTIMIZERS["adamw"], "auto", kw_inputs=kw, **options).peak_bytes
+
+
+@functools.cache
+def measured_mixtral(blocks: tuple[int, ...]) -> int:
+    """The real peak with these decoder layers checkpointed (by the oracle's own checkpointing)."""
+    return _measure_mixtral(build_mixtral, checkpoint_classes=("MixtralDecoderLayer",), checkpoint_blocks=blocks)
+
+
+@functools.cache
+def mixtral_policy(budget: int) -> PolicyPlan:
+    job = make_job(build_mixtral, ("input_ids=2x128:int64", "labels=2x128:int64"), mode="train", optimizer="adamw",
+                   loss="auto", assume={"routing": "uneven"})
+    made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert made is not None
+    return made
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_mixtral_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: int, tmp_path: Path) -> None:
+    """256 tokens through 3 Mixtral decoder layers routed unevenly: the emitted module, run for
+    real with the same routing, peaks at the verified peak and under the budget; at the middle
+    budget, so does transformers' own checkpointing of the same layers."""
+    installed("transformers")
+    none, every = measured_mixtral(()), measured_mixtral((0, 1, 2))
+    assert every < none
+    budget = _between(none, every)[which]
+    made = mixtral_policy(budget)
+    assert made.chosen is not None and made.chosen.blocks, (budget, made)
+    module = emitted(made, tmp_path)
+    real = _measure_mixtral(lambda: module.apply_policy(build_mixtral()))
+    assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
+    assert real == measured_mixtral(made.chosen.blocks)  # the same as the oracle's own checkpointing
+    assert made.transformers
+    if which == 1:
+        assert _measure_mixtral(lambda: module.enable_transformers_checkpointing(build_mixtral())) == real
