@@ -27,6 +27,7 @@ from __future__ import annotations
 from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import distinct_ranks
+from graphmem.trace.distributed.fsdp import fsdp_units
 from graphmem.trace.program import GpuMemory, GpuTarget, ProgramTrace, Spoiled, trace_program
 from graphmem.trace.ranks import forks_ranks, record_ranks
 from graphmem.trace.recording import Recording, trace_step
@@ -34,5 +35,5 @@ from graphmem.trace.repeat import record_step
 from graphmem.trace.symbolic import trace_at
 
 __all__ = ["CudaKernels", "GpuMemory", "GpuTarget", "OpRecord", "Phase", "ProgramTrace", "Recording", "Role",
-           "Spoiled", "StorageRecord", "Trace", "distinct_ranks", "forks_ranks", "record_ranks", "record_step",
-           "trace_at", "trace_program", "trace_step"]
+           "Spoiled", "StorageRecord", "Trace", "distinct_ranks", "forks_ranks", "fsdp_units", "record_ranks",
+           "record_step", "trace_at", "trace_program", "trace_step"]

@@ -3,8 +3,8 @@ analyse the job with the chosen blocks checkpointed.
 
 Input: a training ``Job`` on one device or under ``--parallel fsdp=N`` (its model resolved), a
 ``Budget``, the class of the blocks.  Output: a frozen ``PolicyPlan``.  Every peak it holds comes
-from an analysis of the job with that choice applied (``--checkpoint CLASS --checkpoint-blocks ...``, as ``graphmem analyze``
-runs it), never from the composite alone; the composite's number is kept beside it.
+from an analysis of the job with that choice applied (``--checkpoint CLASS --checkpoint-blocks
+...``, as ``graphmem analyze`` runs it), never from the composite alone; the composite's number is kept beside it.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
     """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
 
     Args:
-        job: a training job (on one device or under ``--parallel fsdp=N``), its model resolved (no string), without checkpointing
-            options but ``--checkpoint CLASS`` naming the blocks' class.
+        job: a training job (on one device or under ``--parallel fsdp=N``), its model resolved (no
+            string), without checkpointing options but ``--checkpoint CLASS`` naming the blocks' class.
         block_class: the class whose modules are the blocks (default: the job's ``--checkpoint``
             class, else the model's outermost repeated block class).
         base: the job's own analysis, when already made.

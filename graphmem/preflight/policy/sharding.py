@@ -110,7 +110,8 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     picked = choose_setting([(o.chosen.recompute_flops, o.gathered_bytes) if o.chosen else None for o in options])
     if picked is None:  # nothing fits: the setting with the lowest peak
         picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
-    return replace(plans[picked], sharding=Sharding(
+    given = _settings(spec.reshard_after_forward).index(spec.reshard_after_forward)
+    return replace(plans[picked], baseline_bytes=plans[given].baseline_bytes, sharding=Sharding(
         parallel=spec.text, units=_units(job, source), param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype,
         reshard_after_forward=options[picked].reshard_after_forward, options=tuple(options)))
 
@@ -124,7 +125,7 @@ def _options(plans: Sequence[PolicyPlan], settings: Sequence[bool | None]) -> li
 
 def _units(job: Job, source: ModelSource | None) -> tuple[str, ...]:
     """The classes FSDP2 shards as units in this job (graphmem.trace.distributed.fsdp's rule)."""
-    from graphmem.trace.distributed.fsdp import fsdp_units
+    from graphmem.trace import fsdp_units
 
     assert job.parallel is not None, "_units: a --parallel job"
     model = build_model(source if source is not None else job.model,  # type: ignore[arg-type]
