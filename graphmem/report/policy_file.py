@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
-    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
-    from graphmem.preflight.policy.sharding import Sharding
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, Sharding
 
 __all__ = ["options_of", "render_policy_module", "torchtitan_reshard", "torchtitan_settings"]
 

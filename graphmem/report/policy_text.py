@@ -13,8 +13,7 @@ from graphmem.job.grammar import format_blocks
 from graphmem.report.policy_file import options_of, torchtitan_reshard, torchtitan_settings
 
 if TYPE_CHECKING:
-    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
-    from graphmem.preflight.policy.sharding import Sharding
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, Sharding
 
 __all__ = ["choice_to_dict", "policy_section", "policy_to_dict", "sharding_to_dict"]
 

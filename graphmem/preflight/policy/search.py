@@ -13,7 +13,7 @@ import copy
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
@@ -31,10 +31,7 @@ from graphmem.preflight.policy.solve import SOLVER, pareto_front
 from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map
 
-if TYPE_CHECKING:
-    from graphmem.preflight.policy.sharding import Sharding
-
-__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "make_policy", "policy_job"]
+__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job"]
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
 
@@ -65,6 +62,39 @@ class CheckpointChoice:
     extra_compute: float
     fits: bool
     gathered_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingOption:
+    """One ``reshard_after_forward`` setting with its own checkpointing policy, analysed.
+
+    Attributes:
+        reshard_after_forward: fully_shard's argument for every unit (None: FSDP2's default,
+            every unit but the root reshards).
+        chosen: the least recompute that fits under this setting (None: none fits).
+        lowest: the lowest peak any checkpointing choice reaches under it.
+        gathered_bytes: bytes one rank all-gathers in backward per step, with ``chosen`` (else
+            ``lowest``); ``saved_bytes``: fewer than FSDP2's default setting gathers.
+    """
+
+    reshard_after_forward: bool | None
+    chosen: CheckpointChoice | None
+    lowest: CheckpointChoice
+    gathered_bytes: int
+    saved_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """FSDP2's settings of the plan: the strategy (``fsdp=8``), the classes sharded as units, the
+    MixedPrecisionPolicy dtypes, the setting chosen and every setting searched."""
+
+    parallel: str
+    units: tuple[str, ...]
+    param_dtype: str | None
+    reduce_dtype: str | None
+    reshard_after_forward: bool | None
+    options: tuple[ShardingOption, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,49 +26,16 @@ the settings of (recompute, bytes) is the least over every pair of setting and b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.policy.search import FRONT_POINTS, CheckpointChoice, PolicyPlan, make_policy
+from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, Sharding, ShardingOption, make_policy
 from graphmem.preflight.search import Prediction
 
 __all__ = ["Sharding", "ShardingOption", "choose_setting", "make_sharded_policy"]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardingOption:
-    """One ``reshard_after_forward`` setting with its own checkpointing policy, analysed.
-
-    Attributes:
-        reshard_after_forward: fully_shard's argument for every unit (None: FSDP2's default,
-            every unit but the root reshards).
-        chosen: the least recompute that fits under this setting (None: none fits).
-        lowest: the lowest peak any checkpointing choice reaches under it.
-        gathered_bytes: bytes one rank all-gathers in backward per step, with ``chosen`` (else
-            ``lowest``); ``saved_bytes``: fewer than FSDP2's default setting gathers.
-    """
-
-    reshard_after_forward: bool | None
-    chosen: CheckpointChoice | None
-    lowest: CheckpointChoice
-    gathered_bytes: int
-    saved_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Sharding:
-    """FSDP2's settings of the plan: the strategy (``fsdp=8``), the classes sharded as units, the
-    MixedPrecisionPolicy dtypes, the setting chosen and every setting searched."""
-
-    parallel: str
-    units: tuple[str, ...]
-    param_dtype: str | None
-    reduce_dtype: str | None
-    reshard_after_forward: bool | None
-    options: tuple[ShardingOption, ...]
 
 
 def choose_setting(costs: Sequence[tuple[int, int] | None]) -> int | None:
