@@ -27,13 +27,14 @@ from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite, merge_composites
 from graphmem.preflight.policy.gathers import backward_gather_bytes
-from graphmem.preflight.policy.solve import SOLVER, pareto_front
+from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map
 
 __all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job"]
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
+FRONT_SECONDS = 60  # the solver's time to prove each point of the front (solve.search_front)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +178,14 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         base = base or _analyse(choices.job)
         recorded, done = _recordings(choices, len(paths), _uses_cache(model), base)
         composite = _composite(recorded, paths, choices.variants)
-        front = pareto_front(composite)
+        found = search_front(composite, seconds=FRONT_SECONDS)
+        front = list(found.points) or [tuple([0] * len(paths))]
         verify = _Verifier(choices, composite, budget, base, done)
         made = _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
-    return replace(made, save=choices.save, saved_ops=saved_op_names(choices.save))
+    stopped = () if found.complete else (
+        f"the solver stopped after {FRONT_SECONDS} s looking for a peak below the front's last point (a lower one "
+        "may exist; the choices shown are analysed)",)
+    return replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped)
 
 
 def policy_job(job: Job) -> tuple[Job, str | None]:
