@@ -71,3 +71,12 @@ def test_merged_ranks_peak_is_the_highest_ranks(seed: int) -> None:
     for choice in itertools.product(range(2), repeat=4):
         assert merged.peak(choice) == max(c.peak(choice) for c in ranks)
         assert merged.recompute(choice) == sum(max(c.cost[b][v] for c in ranks) for b, v in enumerate(choice))
+
+
+@needs("pulp")
+def test_the_front_proven_within_a_time_limit_is_the_whole_front() -> None:
+    from graphmem.preflight.policy.solve import pareto_front, search_front
+
+    composite = _composite(7, blocks=5)
+    found = search_front(composite, seconds=60)
+    assert found.complete and list(found.points) == pareto_front(composite)
