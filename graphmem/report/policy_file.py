@@ -192,7 +192,7 @@ def _sharding_lines(policy: PolicyPlan) -> list[str]:
 def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
     """The options that analyse ``chosen``: ``--checkpoint Block --checkpoint-blocks 0-3`` (and
     ``--checkpoint-save matmuls --checkpoint-save-blocks 2-3`` where some blocks are selective)."""
-    text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}"
+    text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}" if chosen.blocks else ""
     if chosen.selective:
         text += f" --checkpoint-save {','.join(policy.save)} --checkpoint-save-blocks {_spec(chosen.selective)}"
     sharding = policy.sharding
@@ -200,7 +200,7 @@ def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
         text += f" --parallel {sharding.parallel}"
         if sharding.reshard_after_forward is not None:
             text += f" --reshard-after-forward {str(sharding.reshard_after_forward).lower()}"
-    return text
+    return text.strip() or "(as given)"
 
 
 def _spec(blocks: Sequence[int]) -> str:
