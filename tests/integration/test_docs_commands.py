@@ -32,7 +32,7 @@ _WORKED = pytest.mark.skipif(os.environ.get("GRAPHMEM_WORKED_CASES") != "1",
 
 def _slow(command: str) -> bool:
     return ("--preset " in command and any(s in command for s in _SLOW)) or _worked(command) \
-        or ("--parallel " in command and "--policy" in command)
+        or ("--parallel " in command and "-policy" in command)
 
 
 def _worked(command: str) -> bool:
