@@ -179,9 +179,11 @@ def _sharding_lines(policy: PolicyPlan) -> list[str]:
     if sharding is None:
         return []
     kept = next((o for o in sharding.options if o.reshard_after_forward is False), None)
-    if sharding.reshard_after_forward is False and kept is not None:
+    if sharding.reshard_after_forward is False and kept is not None and len(sharding.options) > 1:
         how = (f"every FSDP2 unit keeps its parameters after forward: {kept.saved_bytes:,} B "
                f"({format_bytes(kept.saved_bytes)}) less all-gathered per rank per step.")
+    elif sharding.reshard_after_forward is False:
+        how = "every FSDP2 unit keeps its parameters after forward (as given)."
     elif sharding.reshard_after_forward is None:
         how = "FSDP2's units reshard after forward (its default: every unit but the root)."
     else:

@@ -90,6 +90,8 @@ def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     if sharding is None or sharding.reshard_after_forward is not False:
         return ""
     saved = next(o.saved_bytes for o in sharding.options if o.reshard_after_forward is False)
+    if len(sharding.options) == 1:  # --reshard-after-forward false given: nothing compared
+        return ", every FSDP2 unit keeping its parameters after forward (reshard_after_forward=False, as given)"
     return (f", every FSDP2 unit keeping its parameters after forward (reshard_after_forward=False: "
             f"{fmt(saved)} less all-gathered per rank per step)")
 
