@@ -420,6 +420,9 @@ def _apply_strategy(model: torch.nn.Module, cfg: dict[str, Any],
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=MP_DTYPES[cfg["param_dtype"]] if cfg["param_dtype"] else None,
                 reduce_dtype=MP_DTYPES[cfg["reduce_dtype"]] if cfg["reduce_dtype"] else None)
+        if cfg.get("shard"):  # the user's own function (an emitted policy's apply_fsdp): it shards the model
+            model = _resolve(cfg["shard"])(model, mesh)
+            return model, OPTIMIZERS[cfg["optimizer"]]([p for p in model.parameters() if p.requires_grad])
         units = [m for m in model.modules() if m is not model and type(m).__name__ in cfg["units"]]
         for unit in units:
             fully_shard(unit, **kwargs)
@@ -684,8 +687,12 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
                         tp_plan: dict[str, str] | None = None, tp_degree: int = 1,
                         int_high: int = 100, microbatches: int = 0, schedule: str = "1f1b",
                         pp_stage: str = "tests.dist_oracles:gpt_stage",
-                        pp_shapes: str = "tests.dist_oracles:gpt_stage_shapes") -> list[RankMeasured]:
+                        pp_shapes: str = "tests.dist_oracles:gpt_stage_shapes",
+                        shard: str | None = None) -> list[RankMeasured]:
     """Run the step for real in ``world_size`` spawned gloo ranks; one RankMeasured per rank, by rank.
+
+    ``shard``: with "fsdp", ``package.module:fn`` called as ``fn(model, mesh)`` instead of the
+    fully_shard calls of the module docstring (the code under test shards the model itself).
 
     Raises RuntimeError when a rank fails or the run takes longer than TIMEOUT_S (the ranks are
     then killed).  See the module docstring for the set-up, the strategies and the counting.
@@ -703,7 +710,7 @@ def measure_distributed(build: str, inputs: Sequence[str], *, strategy: str, wor
            "gradient_as_bucket_view": gradient_as_bucket_view, "param_dtype": param_dtype,
            "reduce_dtype": reduce_dtype, "tp_plan": tp_plan or {}, "tp_degree": tp_degree, "int_high": int_high,
            "microbatches": microbatches or world_size, "schedule": schedule, "pp_stage": pp_stage,
-           "pp_shapes": pp_shapes}
+           "pp_shapes": pp_shapes, "shard": shard}
     with tempfile.TemporaryDirectory(prefix="dist_oracle_") as outdir:
         _spawn_ranks(_rank_main, cfg, world_size, outdir)
         results = []

@@ -38,6 +38,7 @@ from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.generation import kv_cache_rows
 from graphmem.preflight.model_facts import model_facts
 from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, make_policy, policy_job
+from graphmem.preflight.policy.sharding import make_sharded_policy
 from graphmem.preflight.ranking import RANKING_RULE, Departure, rank_key, rank_rows
 from graphmem.preflight.remedies import (
     accumulation_rows,
@@ -152,8 +153,9 @@ def _policy_plan(job: Job, budget: Budget, front_points: int, save: tuple[str, .
     """The plan of ``--policy``: the job as given and the checkpointing policy, no other remedy."""
     job, block_class = policy_job(job)
     ctx, both = _context(job, budget, None, 0.5, 128)
-    chosen = make_policy(ctx.job, budget, block_class=block_class, base=ctx.base, source=ctx.source,
-                         front_points=front_points, save=save)
+    search = make_sharded_policy if job.parallel is not None else make_policy
+    chosen = search(ctx.job, budget, block_class=block_class, base=ctx.base, source=ctx.source,
+                    front_points=front_points, save=save)
     train_peak = footprint_of(both, "train").peak_bytes if both.train else None
     inference_peak = footprint_of(both, "inference").peak_bytes if both.inference else None
     text = explain(both.train, both.inference, train_peak or 0, inference_peak or 0, None)

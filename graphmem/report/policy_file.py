@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
-    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, Sharding
 
-__all__ = ["options_of", "render_policy_module", "torchtitan_settings"]
+__all__ = ["options_of", "render_policy_module", "torchtitan_reshard", "torchtitan_settings"]
 
 
 def torchtitan_settings(blocks: Sequence[int], total: int, selective: Sequence[int] = ()) -> dict[str, str] | None:
@@ -42,6 +42,12 @@ def torchtitan_settings(blocks: Sequence[int], total: int, selective: Sequence[i
         if chosen == {i for i in range(total) if (i + 1) % every == 0}:
             return {"mode": "selective", "selective_ac_option": str(every)}
     return None
+
+
+def torchtitan_reshard(reshard_after_forward: bool | None) -> str:
+    """torchtitan's ``[parallelism] fsdp_reshard_after_forward`` for a ``reshard_after_forward``
+    setting: ``never`` (False), ``always`` (True), ``default`` (None: FSDP2's default)."""
+    return {False: "never", True: "always", None: "default"}[reshard_after_forward]
 
 
 def _torchtitan_lines(blocks: Sequence[int], total: int, selective: Sequence[int]) -> list[str]:
@@ -162,17 +168,41 @@ def _summary(policy: PolicyPlan, chosen: CheckpointChoice, described: str) -> st
         f"As given (no block checkpointed): {policy.baseline_bytes:,} B ({format_bytes(policy.baseline_bytes)}).",
         f"Recomputed: {chosen.recompute_flops:,} FLOPs over the two recorded iterations "
         f"({chosen.extra_compute:+.1%} of the step's FLOPs).",
+        *_sharding_lines(policy),
         f"Check it: graphmem analyze ... {options_of(policy, chosen)}",
     ])
+
+
+def _sharding_lines(policy: PolicyPlan) -> list[str]:
+    """Under --parallel fsdp=N: whose peak it is, and what keeping the parameters saves."""
+    sharding = policy.sharding
+    if sharding is None:
+        return []
+    kept = next((o for o in sharding.options if o.reshard_after_forward is False), None)
+    if sharding.reshard_after_forward is False and kept is not None and len(sharding.options) > 1:
+        how = (f"every FSDP2 unit keeps its parameters after forward: {kept.saved_bytes:,} B "
+               f"({format_bytes(kept.saved_bytes)}) less all-gathered per rank per step.")
+    elif sharding.reshard_after_forward is False:
+        how = "every FSDP2 unit keeps its parameters after forward (as given)."
+    elif sharding.reshard_after_forward is None:
+        how = "FSDP2's units reshard after forward (its default: every unit but the root)."
+    else:
+        how = "every FSDP2 unit, the root too, reshards after forward."
+    return [f"Peaks are per rank (the rank that needs the most) with --parallel {sharding.parallel};", how]
 
 
 def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
     """The options that analyse ``chosen``: ``--checkpoint Block --checkpoint-blocks 0-3`` (and
     ``--checkpoint-save matmuls --checkpoint-save-blocks 2-3`` where some blocks are selective)."""
-    text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}"
+    text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}" if chosen.blocks else ""
     if chosen.selective:
         text += f" --checkpoint-save {','.join(policy.save)} --checkpoint-save-blocks {_spec(chosen.selective)}"
-    return text
+    sharding = policy.sharding
+    if sharding is not None:
+        text += f" --parallel {sharding.parallel}"
+        if sharding.reshard_after_forward is not None:
+            text += f" --reshard-after-forward {str(sharding.reshard_after_forward).lower()}"
+    return text.strip() or "(as given)"
 
 
 def _spec(blocks: Sequence[int]) -> str:
@@ -196,4 +226,46 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
     text += _BODY.format()
     if policy.transformers:
         text += _TRANSFORMERS.format()
+    if policy.sharding is not None:
+        text += _fsdp_text(policy.sharding)
     return text
+
+
+_FSDP = '''
+
+# FSDP2 (torch.distributed.fsdp.fully_shard) as graphmem analysed it with --parallel {parallel}: each
+# module of FSDP_UNITS a unit (in model.modules() order), then the root, all with these settings
+FSDP_UNITS = {units!r}
+# True: a unit frees its unsharded parameters after forward and all-gathers them again in backward;
+# False: it keeps them until its backward; None: FSDP2's default (every unit but the root reshards)
+RESHARD_AFTER_FORWARD = {reshard!r}
+PARAM_DTYPE = {param!r}  # MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...); None: the parameters' own
+REDUCE_DTYPE = {reduce!r}
+# torchtitan: its job config's [parallelism] fsdp_reshard_after_forward = "{titan}" says the same of
+# reshard_after_forward (its apply_fsdp picks its own units: the peak can differ from the analysed one)
+TORCHTITAN_FSDP_RESHARD_AFTER_FORWARD = {titan!r}
+
+
+def apply_fsdp(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    """FSDP2 on ``model`` over ``mesh`` (torch.distributed.device_mesh.init_device_mesh), as
+    graphmem analysed it: call after apply_policy and before the optimizer is built."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def dtype(name: Any) -> Any:
+        return getattr(torch, name) if name else None
+
+    kwargs = {{"mesh": mesh, "reshard_after_forward": RESHARD_AFTER_FORWARD,
+              "mp_policy": MixedPrecisionPolicy(param_dtype=dtype(PARAM_DTYPE), reduce_dtype=dtype(REDUCE_DTYPE))}}
+    units = [m for m in model.modules() if m is not model and type(m).__name__ in FSDP_UNITS]
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+'''
+
+
+def _fsdp_text(sharding: Sharding) -> str:
+    """The module's FSDP2 part: the units, reshard_after_forward, apply_fsdp(model, mesh)."""
+    return _FSDP.format(parallel=sharding.parallel, units=tuple(sharding.units),
+                        reshard=sharding.reshard_after_forward, param=sharding.param_dtype,
+                        reduce=sharding.reduce_dtype, titan=torchtitan_reshard(sharding.reshard_after_forward))

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.job.grammar import format_blocks
-from graphmem.report.policy_file import options_of, torchtitan_settings
+from graphmem.report.policy_file import options_of, torchtitan_reshard, torchtitan_settings
 
 if TYPE_CHECKING:
-    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan
+    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, Sharding
 
-__all__ = ["choice_to_dict", "policy_section", "policy_to_dict"]
+__all__ = ["choice_to_dict", "policy_section", "policy_to_dict", "sharding_to_dict"]
 
 
 def _blocks(choice: CheckpointChoice) -> str:
@@ -30,7 +30,19 @@ def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
     return {"blocks": list(choice.blocks), "checkpoint_blocks": format_blocks(choice.blocks),
             "selective": list(choice.selective), "checkpoint_save_blocks": format_blocks(choice.selective),
             "peak_bytes": choice.peak_bytes, "predicted_bytes": choice.predicted_bytes,
-            "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits}
+            "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits,
+            "gathered_bytes": choice.gathered_bytes}
+
+
+def sharding_to_dict(sharding: Sharding) -> dict[str, Any]:
+    """FSDP2's settings chosen with the blocks, and each setting searched."""
+    return {"parallel": sharding.parallel, "fsdp_units": list(sharding.units),
+            "reshard_after_forward": sharding.reshard_after_forward,
+            "torchtitan_fsdp_reshard_after_forward": torchtitan_reshard(sharding.reshard_after_forward),
+            "options": [{"reshard_after_forward": o.reshard_after_forward,
+                         "chosen": choice_to_dict(o.chosen) if o.chosen else None, "lowest": choice_to_dict(o.lowest),
+                         "gathered_bytes": o.gathered_bytes, "saved_bytes": o.saved_bytes}
+                        for o in sharding.options]}
 
 
 def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
@@ -45,7 +57,8 @@ def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
                                               (chosen or policy.lowest).selective),
             "save": list(policy.save), "saved_ops": list(policy.saved_ops),
             "exact": policy.exact, "notes": list(policy.notes), "solver": policy.solver,
-            "recordings": policy.recordings, "analyses": policy.analyses}
+            "recordings": policy.recordings, "analyses": policy.analyses,
+            "sharding": sharding_to_dict(policy.sharding) if policy.sharding else None}
 
 
 def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
@@ -58,15 +71,50 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
                 f"{lowest.extra_compute:+.1%} compute), short by {fmt(short)}; "
                 "checkpointing alone cannot make it fit: graphmem plan without --policy lists the other remedies")
     if not chosen.blocks:
-        return (f"FITS with no block checkpointed: {fmt(chosen.peak_bytes)}, "
-                f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom")
+        return (f"FITS with no block checkpointed{_kept_params(policy, fmt)}: {fmt(chosen.peak_bytes)}, "
+                f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom"
+                + (f". Run it: {options_of(policy, chosen)}" if policy.sharding else ""))
     kept = f", keeping {', '.join(policy.save)} in those marked selective" if chosen.selective else ""
+    kept += _kept_params(policy, fmt)
     of = f"{len(chosen.blocks)} of {policy.blocks} {policy.block_class}{kept}"
     return (f"CHECKPOINT BLOCKS {_blocks(chosen)} ({of}): "
             f"peak {fmt(chosen.peak_bytes)} (analysed), fits with "
             f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom; recomputes "
             f"{chosen.recompute_flops:,} FLOPs ({chosen.extra_compute:+.1%} compute). The least recompute that "
             f"fits. Run it: {options_of(policy, chosen)}")
+
+
+def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
+    """``, FSDP2 keeping ...`` where the plan keeps the units' parameters after forward."""
+    sharding = policy.sharding
+    if sharding is None or sharding.reshard_after_forward is not False:
+        return ""
+    saved = next(o.saved_bytes for o in sharding.options if o.reshard_after_forward is False)
+    if len(sharding.options) == 1:  # --reshard-after-forward false given: nothing compared
+        return ", every FSDP2 unit keeping its parameters after forward (reshard_after_forward=False, as given)"
+    return (f", every FSDP2 unit keeping its parameters after forward (reshard_after_forward=False: "
+            f"{fmt(saved)} less all-gathered per rank per step)")
+
+
+_SETTING = {None: "resharded (FSDP2's default)", False: "kept until backward", True: "resharded, the root too"}
+
+
+def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
+    """Each reshard_after_forward setting searched, with its own checkpointing choice and costs."""
+    rows = []
+    for option in sharding.options:
+        made = option.chosen or option.lowest
+        rows.append([_SETTING[option.reshard_after_forward], _blocks(made), fmt(made.peak_bytes),
+                     f"{made.recompute_flops:,}", fmt(option.gathered_bytes),
+                     "yes" if option.chosen else "no (lowest peak)",
+                     "<- chosen" if option.reshard_after_forward == sharding.reshard_after_forward else ""])
+    title = textwrap.fill(
+        f"Parameters after forward, with --parallel {sharding.parallel} (FSDP2 units: {', '.join(sharding.units)}): "
+        "each setting with its own least-recompute checkpointing, analysed. Chosen: the least recompute that fits, "
+        "then the fewest bytes all-gathered again in backward (prefetched, that communication mostly overlaps "
+        "compute; a recomputed forward does not)", width=100)
+    return title + "\n" + str(tabulate(rows, tablefmt="simple", headers=[
+        "parameters", "blocks checkpointed", "peak", "recomputed FLOPs", "all-gathered in backward", "fits", ""]))
 
 
 def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
@@ -97,6 +145,10 @@ def _how(policy: PolicyPlan) -> str:
     exact = ("the composite equals the analysis for every choice shown" if same
              else "the composite differs from the analysis for some choices shown (peak_bytes decides)")
     notes = f" Not exact: {'; '.join(policy.notes)}." if policy.notes else ""
+    if policy.sharding is not None:
+        notes += (f" With --parallel {policy.sharding.parallel} the recordings are every distinct rank's under "
+                  "FSDP2 (a peak is the rank that needs the most), made for each setting of the parameters after "
+                  "forward; the front is the chosen setting's.")
     return textwrap.fill(
         f"How: {policy.recordings} recordings of the step ({_recorded(policy)}) give the peak of every choice of the "
         f"{policy.blocks} {policy.block_class} modules, storage by "
@@ -108,4 +160,7 @@ def _how(policy: PolicyPlan) -> str:
 
 def policy_section(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     """The policy's verdict, the front as a table, and how it was found."""
-    return "\n\n".join([textwrap.fill(_verdict(policy, fmt), width=100), _curve(policy, fmt), _how(policy)])
+    parts = [textwrap.fill(_verdict(policy, fmt), width=100), _curve(policy, fmt), _how(policy)]
+    if policy.sharding is not None:
+        parts.insert(1, _sharding(policy.sharding, fmt))
+    return "\n\n".join(parts)

@@ -1,10 +1,10 @@
 """``graphmem plan --policy``: the activation-checkpointing policy with the least recompute whose
 peak fits a budget, block by block, verified by analysis.
 
-Input: a ``Job`` (training, one device) and a ``Budget``.  Output: a frozen ``PolicyPlan``: the
-chosen blocks, the peak that an analysis of the job with them checkpointed gives (never a
-predicted number alone), the recompute FLOPs, and the front of policies where no other has both
-less memory and less recompute.
+Input: a ``Job`` (training, on one device or under ``--parallel fsdp=N``) and a ``Budget``.
+Output: a frozen ``PolicyPlan``: the chosen blocks (and FSDP2's settings), the peak that an
+analysis of the job with them applied gives (never a predicted number alone), the recompute FLOPs,
+and the front of policies where no other has both less memory and less recompute.
 
 The rooms, each importing only those before it:
 
@@ -12,7 +12,10 @@ The rooms, each importing only those before it:
 - ``composite``: the peak of any per-block choice, from four recordings of the step (no block
   checkpointed, every block, every even one, every odd one), storage by storage.
 - ``solve``: the choice with the least recompute under a cap, as an integer program (PuLP's CBC).
+- ``gathers``: the bytes FSDP2 all-gathers in backward, from an analysed step.
 - ``search``: the recordings, the solver, and the analysis that verifies what it chose.
+- ``sharding``: under ``--parallel fsdp=N``, FSDP2's ``reshard_after_forward`` chosen with the
+  blocks (each setting searched as above; the least recompute, then the least communication).
 
 Knows nothing of rendering or of the command line.
 """

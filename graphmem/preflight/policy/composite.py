@@ -40,7 +40,7 @@ from graphmem.memory.results import ModeReport
 from graphmem.preflight.policy.runs import Runs, cut_runs
 from graphmem.records import Phase
 
-__all__ = ["OUT", "Composite", "Recorded", "RunBound", "Shared", "build_composite"]
+__all__ = ["OUT", "Composite", "Recorded", "RunBound", "Shared", "build_composite", "merge_composites"]
 
 OUT = -1  # the owner of storages made outside every block (parameters, inputs, the loss, ...)
 _MOST_NEAR = 8  # blocks whose variants one run's bytes may depend on, op by op (2^8 sums)
@@ -255,6 +255,20 @@ def build_composite(recordings: Sequence[Recorded], blocks: Sequence[str], varia
     bounds = tuple(_bound(run, tables, shared, variants, notes) for run in range(len(all_runs[0].runs)))
     return Composite(len(blocks), variants, bounds, _costs(recordings, all_runs, len(blocks), variants),
                      exact=not notes, notes=tuple(dict.fromkeys(notes)))
+
+
+def merge_composites(composites: Sequence[Composite]) -> Composite:
+    """One Composite whose peak is the highest of ``composites``' (one per distinct rank of a
+    ``--parallel`` step, each from that rank's recordings): every run of every rank bounds the
+    peak, and a block's recompute is the most any rank makes."""
+    first = composites[0]
+    if any((c.blocks, c.variants) != (first.blocks, first.variants) for c in composites):
+        raise AssertionError("merge_composites: the ranks' composites choose over different blocks")
+    cost = tuple(tuple(max(c.cost[b][v] for c in composites) for v in range(first.variants))
+                 for b in range(first.blocks))
+    notes = tuple(dict.fromkeys(note for c in composites for note in c.notes))
+    return Composite(first.blocks, first.variants, tuple(b for c in composites for b in c.bounds), cost,
+                     exact=all(c.exact for c in composites), notes=notes)
 
 
 def _costs(recordings: Sequence[Recorded], all_runs: Sequence[Runs], blocks: int, variants: int

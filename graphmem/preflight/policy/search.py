@@ -1,10 +1,10 @@
 """``make_policy``: record the step four ways, solve for the least recompute under the budget, and
 analyse the job with the chosen blocks checkpointed.
 
-Input: a training ``Job`` on one device (its model resolved), a ``Budget``, the class of the
-blocks.  Output: a frozen ``PolicyPlan``.  Every peak it holds comes from an analysis of the job
-with that choice applied (``--checkpoint CLASS --checkpoint-blocks ...``, as ``graphmem analyze``
-runs it), never from the composite alone; the composite's number is kept beside it.
+Input: a training ``Job`` on one device or under ``--parallel fsdp=N`` (its model resolved), a
+``Budget``, the class of the blocks.  Output: a frozen ``PolicyPlan``.  Every peak it holds comes
+from an analysis of the job with that choice applied (``--checkpoint CLASS --checkpoint-blocks
+...``, as ``graphmem analyze`` runs it), never from the composite alone; the composite's number is kept beside it.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from graphmem.job.load import ModelSource, build_model
 from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import footprint_of
-from graphmem.preflight.policy.composite import Composite, Recorded, build_composite
-from graphmem.preflight.policy.solve import SOLVER, pareto_front
+from graphmem.preflight.policy.composite import Composite, Recorded, build_composite, merge_composites
+from graphmem.preflight.policy.gathers import backward_gather_bytes
+from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map
 
-__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "make_policy", "policy_job"]
+__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job"]
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
+FRONT_SECONDS = 60  # the solver's time to prove each point of the front (solve.search_front)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class CheckpointChoice:
         recompute_flops: FLOPs the analysis recomputed (both recorded iterations).
         extra_compute: recompute_flops over the job's own FLOPs (0.25: a quarter more).
         fits: peak_bytes fits the budget.
+        gathered_bytes: with ``--parallel fsdp=N``, the bytes one rank all-gathers in backward
+            per step (the analysis's; 0 without FSDP2).
     """
 
     blocks: tuple[int, ...]
@@ -58,6 +62,40 @@ class CheckpointChoice:
     recompute_flops: int
     extra_compute: float
     fits: bool
+    gathered_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingOption:
+    """One ``reshard_after_forward`` setting with its own checkpointing policy, analysed.
+
+    Attributes:
+        reshard_after_forward: fully_shard's argument for every unit (None: FSDP2's default,
+            every unit but the root reshards).
+        chosen: the least recompute that fits under this setting (None: none fits).
+        lowest: the lowest peak any checkpointing choice reaches under it.
+        gathered_bytes: bytes one rank all-gathers in backward per step, with ``chosen`` (else
+            ``lowest``); ``saved_bytes``: fewer than FSDP2's default setting gathers.
+    """
+
+    reshard_after_forward: bool | None
+    chosen: CheckpointChoice | None
+    lowest: CheckpointChoice
+    gathered_bytes: int
+    saved_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """FSDP2's settings of the plan: the strategy (``fsdp=8``), the classes sharded as units, the
+    MixedPrecisionPolicy dtypes, the setting chosen and every setting searched."""
+
+    parallel: str
+    units: tuple[str, ...]
+    param_dtype: str | None
+    reduce_dtype: str | None
+    reshard_after_forward: bool | None
+    options: tuple[ShardingOption, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +117,8 @@ class PolicyPlan:
         save: with ``--policy-save``, the outputs a block may keep (``--checkpoint-save``'s names),
             so each block is kept, checkpointed whole or checkpointed keeping them; ``saved_ops``:
             the aten ops they name.
+        sharding: with ``--parallel fsdp=N``, FSDP2's settings searched with the blocks and the
+            one chosen (graphmem.preflight.policy.sharding); None on one device.
     """
 
     block_class: str
@@ -97,6 +137,7 @@ class PolicyPlan:
     analyses: int
     save: tuple[str, ...] = ()
     saved_ops: tuple[str, ...] = ()
+    sharding: Sharding | None = None
 
     @property
     def blocks(self) -> int:
@@ -109,8 +150,8 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
     """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
 
     Args:
-        job: a training job on one device, its model resolved (no string), without checkpointing
-            options but ``--checkpoint CLASS`` naming the blocks' class.
+        job: a training job (on one device or under ``--parallel fsdp=N``), its model resolved (no
+            string), without checkpointing options but ``--checkpoint CLASS`` naming the blocks' class.
         block_class: the class whose modules are the blocks (default: the job's ``--checkpoint``
             class, else the model's outermost repeated block class).
         base: the job's own analysis, when already made.
@@ -122,7 +163,8 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         The PolicyPlan (bytes; peaks analysed).
 
     Raises:
-        UserInputError: the job is no single-device training step, or its model has no blocks.
+        UserInputError: the job is no training step, or its model has no blocks.
+        UnsupportedError: ``--parallel`` other than ``fsdp=N``.
         UnsupportedError: the recordings do not line up (composite.py).
     """
     source = source if source is not None else job.model  # type: ignore[assignment]
@@ -135,25 +177,30 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
     with progress.labelled("checkpointing policy"):
         base = base or _analyse(choices.job)
         recorded, done = _recordings(choices, len(paths), _uses_cache(model), base)
-        composite = build_composite(recorded, paths, choices.variants)
-        front = pareto_front(composite)
+        composite = _composite(recorded, paths, choices.variants)
+        found = search_front(composite, seconds=FRONT_SECONDS)
+        front = list(found.points) or [tuple([0] * len(paths))]
         verify = _Verifier(choices, composite, budget, base, done)
         made = _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
-    return replace(made, save=choices.save, saved_ops=saved_op_names(choices.save))
+    stopped = () if found.complete else (
+        f"the solver stopped after {FRONT_SECONDS} s looking for a peak below the front's last point (a lower one "
+        "may exist; the choices shown are analysed)",)
+    return replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped)
 
 
 def policy_job(job: Job) -> tuple[Job, str | None]:
     """``job`` without checkpointing, and the blocks' class its ``--checkpoint`` names (None: none).
 
     Raises:
-        UserInputError: no single-device training step, or checkpointing options beyond one class.
-        UnsupportedError: ``--parallel`` (not yet).
+        UserInputError: no training step, or checkpointing options beyond one class.
+        UnsupportedError: ``--parallel`` other than ``fsdp=N`` alone.
     """
     if job.mode != "train" or job.generate is not None:
         raise UserInputError("--policy chooses activation checkpointing for training: use --mode train")
-    if job.parallel is not None:
-        raise UnsupportedError("--policy with --parallel: not yet; choose the policy on one device, then "
-                               "analyse it with --parallel and --checkpoint-blocks")
+    parallel = job.parallel
+    if parallel is not None and ({name for name, _ in parallel.degrees} != {"fsdp"} or parallel.parallelize):
+        raise UnsupportedError(f"--policy with --parallel {parallel.text}: only fsdp=N alone (FSDP2, graphmem's "
+                               "own sharding) is searched; analyse other layouts with --checkpoint-blocks")
     step = job.step
     if step.checkpoint_every != 1 or step.checkpoint_save or step.checkpoint_blocks or len(step.checkpoint) > 1:
         raise UserInputError("--policy chooses the blocks to checkpoint: give at most --checkpoint CLASS (the "
@@ -304,6 +351,21 @@ def _recordings(choices: _Choices, n: int, cache: bool, base: Prediction
     return recorded, {tuple([0] * n): base, **done}
 
 
+def _rank_mode(mode: Any, rank: int) -> Any:
+    """The analysed step of the rank group that holds ``rank`` (``mode`` itself on one device)."""
+    return next((group.report for group in mode.ranks if rank in group.ranks), mode)
+
+
+def _composite(recorded: Sequence[Recorded], paths: tuple[str, ...], variants: int) -> Composite:
+    """The composite of the recordings; with ``--parallel``, one per distinct rank, merged (the
+    peak compared is the rank that needs the most, whichever that is for a choice)."""
+    ranks = [group.rank for group in recorded[0].mode.ranks]
+    if len(ranks) <= 1:
+        return build_composite(recorded, paths, variants)
+    return merge_composites([build_composite([Recorded(r.choice, _rank_mode(r.mode, rank)) for r in recorded],
+                                             paths, variants) for rank in ranks])
+
+
 def _train(prediction: Prediction) -> Any:
     mode = prediction.report.train
     assert mode is not None, "make_policy: a training analysis"
@@ -337,7 +399,8 @@ class _Verifier:
                                 peak_bytes=made.peak_bytes,
                                 predicted_bytes=self.composite.peak(choice), recompute_flops=recompute,
                                 extra_compute=recompute / self.flops if self.flops else 0.0,
-                                fits=self.budget.fits(made.peak_bytes))
+                                fits=self.budget.fits(made.peak_bytes),
+                                gathered_bytes=backward_gather_bytes(_train(made)))
 
 
 def _blocks_of(choice: Sequence[int]) -> tuple[int, ...]:

@@ -33,18 +33,33 @@ import itertools
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from graphmem.errors import UserInputError
 from graphmem.preflight.policy.composite import Composite
 
-__all__ = ["SOLVER", "least_peak", "least_recompute", "pareto_front"]
+__all__ = ["SOLVER", "Front", "least_peak", "least_recompute", "pareto_front", "search_front"]
 
 SOLVER = "CBC (COIN-OR branch and cut), through PuLP"
 _MOST_CUTS = 20  # answers cut off for the solver's tolerance (or rounding down) before giving up
 _BYTE_BITS = 24  # bytes enter the program below 2^24 units (the module docstring)
 _QUICK_SECONDS = 5  # a tie-break among alike blocks can branch for minutes: the best found by then
 _FOUND = (1, 2)  # PuLP's solution statuses with a solution: optimal, or the best a time limit found
+_PROVEN = 1  # PuLP's solution status of an optimum proven so
+
+
+class _Stopped(Exception):
+    """A bounded solve ran out of time before it proved an optimum (or that none exists)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Front:
+    """The front's points, fewest recompute first; ``complete`` False: the solver stopped on its
+    time limit looking for the next lower peak (a lower one may exist)."""
+
+    points: tuple[tuple[int, ...], ...]
+    complete: bool
 
 
 def _pulp() -> Any:
@@ -74,7 +89,7 @@ def _cbc(pulp: Any, time_limit: float | None = None) -> Any:
 class _Program:
     """The integer program of one Composite; ``solve`` answers one question at a time."""
 
-    def __init__(self, composite: Composite, *, up: bool = True) -> None:
+    def __init__(self, composite: Composite, *, up: bool = True, seconds: float | None = None) -> None:
         pulp = _pulp()
         self.pulp = pulp
         self.composite = composite
@@ -84,7 +99,9 @@ class _Program:
         for i in range(n):
             self.problem += pulp.lpSum(self.x[i]) == 1
         self.peak = self._variable("peak", lowBound=0)
-        self.solver, self.quick = _cbc(pulp), _cbc(pulp, time_limit=_QUICK_SECONDS)
+        # seconds: each answer proven optimal within them, else _Stopped (the front ends there)
+        self.solver, self.quick = _cbc(pulp, time_limit=seconds), _cbc(pulp, time_limit=_QUICK_SECONDS)
+        self.bounded = seconds is not None
         # coefficients CBC's tolerances hold exactly: bytes in units of a power of two that keeps
         # every one under 2^24 (module docstring), FLOPs over their common divisor (and below 2^30)
         largest = max((b.local[c] for b in composite.bounds for c in b.local), default=1)
@@ -171,6 +188,10 @@ class _Program:
             problem.addConstraint(constraint, name=f"extra_{n}")
         for tried in range(_MOST_CUTS):
             status = problem.solve(self.quick if quick else self.solver)
+            name = self.pulp.LpStatus[status]
+            if self.bounded and not quick and (name == "Not Solved" or name == "Optimal"
+                                               and problem.sol_status != _PROVEN):
+                raise _Stopped
             if self.pulp.LpStatus[status] != "Optimal" or problem.sol_status not in _FOUND:
                 return None
             choice = tuple(self._variant(i) for i in range(self.composite.blocks))
@@ -232,10 +253,10 @@ class _Programs:
     with bytes rounded down (it holds every choice that fits; an answer over the cap is cut off,
     up to _MOST_CUTS times): the better answer of the two."""
 
-    def __init__(self, composite: Composite) -> None:
+    def __init__(self, composite: Composite, seconds: float | None = None) -> None:
         self.composite = composite
-        up = _Program(composite, up=True)
-        self.programs = (up,) if up.byte_unit == 1 else (up, _Program(composite, up=False))
+        up = _Program(composite, up=True, seconds=seconds)
+        self.programs = (up,) if up.byte_unit == 1 else (up, _Program(composite, up=False, seconds=seconds))
 
     def _best(self, answers: Sequence[tuple[int, ...] | None]) -> tuple[int, ...] | None:
         found = [a for a in answers if a is not None]
@@ -266,13 +287,24 @@ def least_peak(composite: Composite) -> tuple[int, ...]:
 def pareto_front(composite: Composite, most: int = 64) -> list[tuple[int, ...]]:
     """Choices where no other has both less recompute and a lower peak, from no recompute (every
     block kept) to the lowest peak, at most ``most`` of them."""
-    programs = _Programs(composite)
+    return list(search_front(composite, most).points)
+
+
+def search_front(composite: Composite, most: int = 64, seconds: float | None = None) -> Front:
+    """The front of pareto_front, each point's solve given ``seconds`` (None: no limit) to prove
+    its optimum: a solve that runs out ends the front there (``complete`` False).  Many alike
+    blocks make proving that no choice reaches a lower peak a search over their symmetric
+    choices (CBC ran for over ten minutes on Llama-3-8B's 32 layers under FSDP2)."""
+    programs = _Programs(composite, seconds)
     front: list[tuple[int, ...]] = []
     cap: int | None = None
     while len(front) < most:
-        choice = programs.least_recompute(cap)
+        try:
+            choice = programs.least_recompute(cap)
+        except _Stopped:
+            return Front(tuple(front), complete=False)
         if choice is None:
             break
         front.append(choice)
         cap = composite.peak(choice) - 1
-    return front
+    return Front(tuple(front), complete=True)

@@ -1,0 +1,100 @@
+"""``plan --policy`` under ``--parallel fsdp=N``: FSDP2's ``reshard_after_forward`` chosen with the
+blocks to checkpoint.
+
+Input: a training ``Job`` whose ``--parallel`` is ``fsdp=N`` alone, a ``Budget``.  Output: the
+``PolicyPlan`` of the setting chosen, with ``sharding`` (a frozen ``Sharding``) saying what each
+setting costs.
+
+The choice.  FSDP2's ``fully_shard(unit, reshard_after_forward=...)``: True frees a unit's
+unsharded parameters after its forward and all-gathers them again in backward; False keeps them
+from its forward to its backward: one all-gather of the unit fewer per step, its unsharded
+parameters held meanwhile.  Two settings are searched, each with its own checkpointing policy
+(the composite built from that setting's per-rank recordings, the answer verified by an analysis
+of the job with exactly those settings): FSDP2's default (every unit but the root reshards) and
+every unit keeping its parameters.  ``--reshard-after-forward true|false`` given: that one only.
+
+The objective, in that order: the least recompute that fits, then the fewest bytes all-gathered in
+backward.  Recompute first: FSDP2 prefetches the next unit's backward all-gather while the current
+one computes (its implicit backward prefetch, torch/distributed/fsdp/_fully_shard/_fsdp_state.py),
+so that communication mostly overlaps compute, and a recomputed forward never does.  Each cost is
+reported as it is (FLOPs, bytes); neither is converted into the other.  Since the recompute is
+least per setting (solve.py) and the communication depends only on the setting, the least over
+the settings of (recompute, bytes) is the least over every pair of setting and blocks
+(tests/unit/preflight/test_policy_sharding.py checks it against exhaustive search).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from graphmem import progress
+from graphmem.job.job import Job
+from graphmem.job.load import ModelSource, build_model
+from graphmem.preflight.budget import Budget
+from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, Sharding, ShardingOption, make_policy
+from graphmem.preflight.search import Prediction
+
+__all__ = ["Sharding", "ShardingOption", "choose_setting", "make_sharded_policy"]
+
+
+def choose_setting(costs: Sequence[tuple[int, int] | None]) -> int | None:
+    """The setting to take: of those whose (recompute FLOPs, bytes all-gathered in backward) is
+    given (None: nothing fits under it), the least recompute, then the fewest bytes, then the
+    first; None when nothing fits under any."""
+    fitting = [(cost, index) for index, cost in enumerate(costs) if cost is not None]
+    return min(fitting)[1] if fitting else None
+
+
+def _settings(given: bool | None) -> tuple[bool | None, ...]:
+    """The settings searched: the one given, else FSDP2's default and every unit keeping."""
+    return (given,) if given is not None else (None, False)
+
+
+def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
+                        source: ModelSource | None = None, front_points: int = FRONT_POINTS,
+                        save: Sequence[str] = ()) -> PolicyPlan:
+    """The checkpointing policy and ``reshard_after_forward`` of ``job`` (``--parallel fsdp=N``)
+    with the least recompute, then the least backward communication, that fits ``budget``.
+
+    Args: as make_policy's (``base``: the analysis of the job as given).
+
+    Returns:
+        The PolicyPlan of the setting chosen (the lowest peak's setting when nothing fits), its
+        ``sharding`` every setting's costs; every peak analysed.
+    """
+    spec = job.parallel
+    assert spec is not None, "make_sharded_policy: a --parallel job"
+    plans = []
+    for setting in _settings(spec.reshard_after_forward):
+        label = {None: "parameters resharded after forward", False: "parameters kept after forward",
+                 True: "every unit resharded after forward"}[setting]
+        with progress.labelled(label):
+            plans.append(make_policy(replace(job, parallel=replace(spec, reshard_after_forward=setting)), budget,
+                                     block_class=block_class, source=source, front_points=front_points, save=save,
+                                     base=base if setting == spec.reshard_after_forward else None))
+    options = _options(plans, _settings(spec.reshard_after_forward))
+    picked = choose_setting([(o.chosen.recompute_flops, o.gathered_bytes) if o.chosen else None for o in options])
+    if picked is None:  # nothing fits: the setting with the lowest peak
+        picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
+    given = _settings(spec.reshard_after_forward).index(spec.reshard_after_forward)
+    return replace(plans[picked], baseline_bytes=plans[given].baseline_bytes, sharding=Sharding(
+        parallel=spec.text, units=_units(job, source), param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype,
+        reshard_after_forward=options[picked].reshard_after_forward, options=tuple(options)))
+
+
+def _options(plans: Sequence[PolicyPlan], settings: Sequence[bool | None]) -> list[ShardingOption]:
+    gathered = [(p.chosen or p.lowest).gathered_bytes for p in plans]
+    default = gathered[settings.index(None)] if None in settings else max(gathered)
+    return [ShardingOption(setting, plan.chosen, plan.lowest, nbytes, max(default - nbytes, 0))
+            for setting, plan, nbytes in zip(settings, plans, gathered, strict=True)]
+
+
+def _units(job: Job, source: ModelSource | None) -> tuple[str, ...]:
+    """The classes FSDP2 shards as units in this job (graphmem.trace.distributed.fsdp's rule)."""
+    from graphmem.trace import fsdp_units
+
+    assert job.parallel is not None, "_units: a --parallel job"
+    model = build_model(source if source is not None else job.model,  # type: ignore[arg-type]
+                        job.model_kwargs, job.hf_config, device=job.device)
+    return tuple(fsdp_units(model, job.parallel))

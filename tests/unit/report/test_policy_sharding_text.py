@@ -1,0 +1,52 @@
+"""plan --policy --parallel fsdp=N's text, JSON and emitted module on a PolicyPlan built by hand:
+the numbers are the 4-block GPT's over 2 ranks of docs/preflight.md at 6200000B (every block's
+parameters kept after forward, none checkpointed)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from graphmem.preflight.budget import Budget
+from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, Sharding, ShardingOption
+from graphmem.report.policy_file import options_of, render_policy_module
+from graphmem.report.policy_text import policy_section, policy_to_dict
+
+_GATHERED = 4 * 49_984 * 4  # four blocks' fp32 parameters, gathered again in backward when resharded
+_RESHARDED = CheckpointChoice((), (), 5_383_128, 5_383_128, 0, 0.0, True, _GATHERED)
+_KEPT = CheckpointChoice((), (), 6_182_872, 6_182_872, 0, 0.0, True, 0)
+_KEPT_LOWEST = CheckpointChoice((0, 1, 2, 3), (), 4_286_808, 4_286_808, 67_108_864, 0.191, True, 0)
+
+
+def _plan() -> PolicyPlan:
+    sharding = Sharding("fsdp=2", ("Block",), None, None, False, (
+        ShardingOption(None, _RESHARDED, _RESHARDED, _GATHERED, 0),
+        ShardingOption(False, _KEPT, _KEPT_LOWEST, 0, _GATHERED)))
+    return PolicyPlan("Block", tuple(f"blocks.{i}" for i in range(4)), Budget(6_200_000, Fraction(0), "6200000B"),
+                      _KEPT, _KEPT_LOWEST, (_KEPT, _KEPT_LOWEST), 5, 5_383_128, True, (), False, "CBC", 4, 3,
+                      sharding=sharding)
+
+
+def test_the_options_analyse_the_kept_parameters() -> None:
+    assert options_of(_plan(), _KEPT) == "--parallel fsdp=2 --reshard-after-forward false"
+
+
+def test_the_text_shows_each_setting_and_marks_the_chosen_one() -> None:
+    text = policy_section(_plan(), lambda n: f"{n:,} B")
+    assert "keeping its parameters after forward (reshard_after_forward=False: 799,744 B less all-gathered" \
+        in " ".join(text.split())
+    marked = [line for line in text.splitlines() if line.startswith("kept until backward")]
+    assert len(marked) == 1 and marked[0].endswith("<- chosen")
+
+
+def test_the_json_carries_the_settings() -> None:
+    sharding = policy_to_dict(_plan())["sharding"]
+    assert sharding["reshard_after_forward"] is False and sharding["fsdp_units"] == ["Block"]
+    assert sharding["torchtitan_fsdp_reshard_after_forward"] == "never"
+    assert [o["saved_bytes"] for o in sharding["options"]] == [0, _GATHERED]
+
+
+def test_the_emitted_module_shards_as_analysed() -> None:
+    namespace: dict[str, object] = {}
+    exec(compile(render_policy_module(_plan(), "test"), "policy.py", "exec"), namespace)
+    assert namespace["RESHARD_AFTER_FORWARD"] is False and namespace["FSDP_UNITS"] == ("Block",)
+    assert namespace["TORCHTITAN_FSDP_RESHARD_AFTER_FORWARD"] == "never" and callable(namespace["apply_fsdp"])
