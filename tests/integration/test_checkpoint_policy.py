@@ -10,6 +10,10 @@ real run of any choice reaches.  With ``--policy-save``, the same for a mix of k
 selective blocks (GPT, Llama); a transformers ViT at one budget, and a model of MoE blocks and a
 transformers Mixtral (routed as graphmem assumes, the real runs forced the same way) at three.
 No expected value is computed by graphmem.
+
+By default (CI's time): the GPT at every budget, with every choice run for real; the others at
+the middle budget, and the GPT's selective mix at its lowest budget.  GRAPHMEM_EXTENDED=1 runs
+every budget of every model, and the ResNet's and the Llama's every choice (tests/optional.py).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from graphmem.preflight.budget import Budget
 from graphmem.preflight.plan import make_plan
 from graphmem.preflight.policy.search import PolicyPlan
 from graphmem.report.policy_file import render_policy_module
-from tests.optional import installed, needs
+from tests.optional import extended, installed, needs
 from tests.oracles import OPTIMIZERS, measure_training, real_inputs
 from tests.value_models import ExpertLoop, ForcedRouting
 
@@ -119,8 +123,7 @@ def measured_all(name: str) -> dict[tuple[int, ...], int]:
     """The real peak of every per-block choice (the blocks checkpointed -> bytes)."""
     case = CASES[name]
     n = _blocks(case)
-    return {blocks: _measure(case, case.build, checkpoint_classes=(case.block_class,), checkpoint_blocks=blocks)
-            for k in range(n + 1) for blocks in itertools.combinations(range(n), k)}
+    return {blocks: measured(name, blocks) for k in range(n + 1) for blocks in itertools.combinations(range(n), k)}
 
 
 @functools.cache
@@ -144,10 +147,16 @@ def _cost(name: str, blocks: tuple[int, ...]) -> int:
     return len(blocks) if CASES[name].alike else sum(block_flops(name)[b] for b in blocks)
 
 
+@functools.cache
+def measured(name: str, blocks: tuple[int, ...]) -> int:
+    """The real peak with these blocks checkpointed."""
+    case = CASES[name]
+    return _measure(case, case.build, checkpoint_classes=(case.block_class,), checkpoint_blocks=blocks)
+
+
 def _budgets(name: str) -> list[int]:
-    """Three budgets from the measured peaks."""
-    runs = measured_all(name)
-    return _between(runs[()], runs[tuple(range(max(len(b) for b in runs)))])
+    """Three budgets from the measured peaks with no block and every block checkpointed."""
+    return _between(measured(name, ()), measured(name, tuple(range(_blocks(CASES[name])))))
 
 
 def _between(none: int, every: int) -> list[int]:
@@ -174,8 +183,15 @@ def emitted(policy_plan: PolicyPlan, folder: Path) -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("which", [0, 1, 2])
+# the GPT at three budgets; the ResNet and the Llama at the middle one by default (all three with
+# GRAPHMEM_EXTENDED=1: minutes more on 2 cores)
+_MORE = extended("the same check at the middle budget runs by default")
+
+
+@pytest.mark.parametrize("name, which", [
+    ("gpt", 0), ("gpt", 1), ("gpt", 2), ("resnet", 1), ("llama", 1),
+    pytest.param("resnet", 0, marks=_MORE), pytest.param("resnet", 2, marks=_MORE),
+    pytest.param("llama", 0, marks=_MORE), pytest.param("llama", 2, marks=_MORE)])
 def test_emitted_policy_run_for_real_has_the_verified_peak_and_fits(name: str, which: int, tmp_path: Path) -> None:
     if name == "llama":
         installed("transformers")
@@ -187,10 +203,12 @@ def test_emitted_policy_run_for_real_has_the_verified_peak_and_fits(name: str, w
     real = _measure(case, lambda: module.apply_policy(case.build()))
     assert real == chosen.peak_bytes, (name, chosen.blocks, real, chosen.peak_bytes)
     assert real <= budget
-    assert real == measured_all(name)[chosen.blocks]  # the same as the oracle's own checkpointing
+    assert real == measured(name, chosen.blocks)  # the same as the oracle's own checkpointing
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", ["gpt", pytest.param("resnet", marks=extended("the GPT's every choice runs by "
+                                                                            "default; the ResNet's are 32 real runs")),
+                                  pytest.param("llama", marks=extended("the GPT's every choice runs by default"))])
 def test_no_choice_with_less_recompute_fits(name: str) -> None:
     if name == "llama":
         installed("transformers")
@@ -288,8 +306,9 @@ def _selective_budgets(name: str) -> list[int]:
     return [lowest + (selective - lowest) // 2, lowest]
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
-@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("name, which", [
+    ("gpt", 1), pytest.param("gpt", 0, marks=_MORE),
+    *(pytest.param("llama", k, marks=extended("the GPT's 81 choices run by default")) for k in (0, 1))])
 def test_selective_policy_run_for_real_fits_with_the_fewest_whole_blocks(name: str, which: int,
                                                                           tmp_path: Path) -> None:
     """The emitted module, run for real, has the verified peak and fits; no choice that checkpoints
@@ -406,7 +425,7 @@ def test_moe_checkpointed_analysis_equals_the_real_run() -> None:
     assert checkpointed is not None and checkpointed.peak_bytes == measured_moe((0, 1, 2))
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])
+@pytest.mark.parametrize("which", [pytest.param(0, marks=_MORE), 1, pytest.param(2, marks=_MORE)])
 def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: int, tmp_path: Path) -> None:
     """512 tokens through 3 MoE blocks routed unevenly (graphmem's default: one expert takes
     all but three of the choices): the emitted module, run for real with the same routing,
@@ -462,7 +481,7 @@ def mixtral_policy(budget: int) -> PolicyPlan:
     return made
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])
+@pytest.mark.parametrize("which", [pytest.param(0, marks=_MORE), 1, pytest.param(2, marks=_MORE)])
 def test_mixtral_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: int, tmp_path: Path) -> None:
     """256 tokens through 3 Mixtral decoder layers routed unevenly: the emitted module, run for
     real with the same routing, peaks at the verified peak and under the budget; at the middle

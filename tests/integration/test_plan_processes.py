@@ -25,10 +25,14 @@ from graphmem.trace.distributed.rank_fork import RankFork
 from graphmem.trace.repeat.place import same_trace
 from tests.conftest import ROOT
 from tests.models import ZOO
+from tests.optional import extended
 
 
-@pytest.mark.parametrize("mode, name, spec", [pytest.param("train", "gpt", "4x16:int64", marks=pytest.mark.slow),
-                                              ("inference", "mlp", "8x1000")])
+@pytest.mark.parametrize("mode, name, spec", [
+    pytest.param("train", "gpt", "4x16:int64",
+                 marks=[pytest.mark.slow, extended("the inference plan in workers runs by default; a training "
+                                                   "plan's rows are 40 s more")]),
+    ("inference", "mlp", "8x1000")])
 def test_worker_processes_make_the_same_plan(monkeypatch: pytest.MonkeyPatch, mode: str, name: str,
                                              spec: str) -> None:
     model = next(m for m in ZOO if m.name == name)
