@@ -474,11 +474,15 @@ def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Wait
     first rank of each pipeline stage"; none: empty).
 
     Raises:
-        TraceError: the ranks still wait for each other after as many rounds as ranks.
+        TraceError: a round in which no rank ended and no message was sent (the ranks wait for
+            each other), or more rounds than four for each rank recorded (the ranks keep
+            contradicting each other).
     """
     runs: dict[int, _RankRun] = {}
     pending, why = sorted(set(chosen)), dict[int, str]()
-    for _ in range(2 * len(set(chosen)) + 8):
+    rounds, sent_before = 0, -1
+    while True:
+        rounds += 1
         waiting: dict[int, Waits] = {}
         for rank, result in zip(pending, record(pending), strict=True):
             if isinstance(result, Waits):
@@ -488,7 +492,9 @@ def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Wait
         sent = {key: message for run in runs.values() for key, message in run.exchanged.sent.items()}
         for waits in waiting.values():
             sent.update(waits.sent)
-        box[0] = Mailbox(sent)
+        if not set(pending) - set(waiting) and len(sent) == sent_before or rounds > 4 * (len(runs) + len(waiting)) + 8:
+            break
+        box[0], sent_before = Mailbox(sent), len(sent)
         again = {rank for rank, run in runs.items() if box[0].contradicts(run.exchanged.assumed)}
         for rank in again:
             del runs[rank]
