@@ -28,7 +28,7 @@ from graphmem.preflight.plan import make_plan
 from graphmem.report.policy_file import render_policy_module
 from tests.conftest import ROOT
 from tests.dist_oracles import measure_distributed
-from tests.optional import needs
+from tests.optional import extended, needs
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
@@ -60,7 +60,10 @@ def shard_with_policy(model: Any, mesh: Any) -> Any:
 
 @needs("pulp")
 @pytest.mark.slow  # the plan (two settings, each 4 recordings and its analyses) and a real 2-rank run: ~1 min
-@pytest.mark.parametrize("budget, keeps, blocks", [(6_200_000, True, ()), (5_000_000, False, (0,))])
+@pytest.mark.parametrize("budget, keeps, blocks", [
+    pytest.param(6_200_000, True, (), marks=extended("the budget where the blocks reshard and one is checkpointed "
+                                                     "runs by default")),
+    (5_000_000, False, (0,))])
 def test_emitted_policy_under_real_fsdp2_has_the_verified_peak_and_fits(
         budget: int, keeps: bool, blocks: tuple[int, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     job = make_job(str(ROOT / "examples" / "gpt.py") + ":GPT", "2x64:int64", mode="train", loss="cross_entropy",

@@ -14,6 +14,7 @@ from graphmem import run_program
 from graphmem.cli import main
 from tests.conftest import ROOT
 from tests.dist_oracles import measure_program_distributed
+from tests.optional import extended
 
 PROGRAMS = ROOT / "tests" / "programs"
 
@@ -106,7 +107,8 @@ def test_nccl_buffers_on_the_gpu_as_analyze_counts_them() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("program", "world", "env", "recorded"), [
     ("pipelined.py", 4, {"SCHEDULE": "gpipe"}, [0, 2, 3]),
-    ("pipelined.py", 3, {"SCHEDULE": "1f1b", "PP": "3"}, [0, 1, 2]),
+    pytest.param("pipelined.py", 3, {"SCHEDULE": "1f1b", "PP": "3"}, [0, 1, 2],
+                 marks=extended("GPipe on 2 x 2 and the interleaved schedule run by default")),
     ("pipelined_interleaved.py", 2, {}, [0, 1]),
 ], ids=["gpipe-2-stages-x-2-replicas", "1f1b-3-stages", "interleaved-2-stages-per-rank"])
 def test_pipelined_programs_every_recorded_rank_equals_the_real_run(

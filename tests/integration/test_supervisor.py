@@ -294,14 +294,14 @@ def _ended_as_item_3_says(delay: float, signum: int, run: Run) -> bool:
 
 @pytest.mark.slow
 def test_signals_at_random_moments_end_every_command_cleanly() -> None:
-    """12 trials per command, 4 of them in the first second, the rest within the first 4 s
+    """8 trials per command, 3 of them in the first second, the rest within the first 4 s
     (start-up takes about 3, the commands a few more): most land in the recording (each run
     draws new moments: over many runs, every moment is tried)."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
-    trials = [(command, round(rng.uniform(0.0, 1.0) if i < 4 else rng.uniform(0.0, 4.0), 3),
+    trials = [(command, round(rng.uniform(0.0, 1.0) if i < 3 else rng.uniform(0.0, 4.0), 3),
                (signal.SIGINT, signal.SIGTERM)[i % 2])
-              for command in COMMANDS for i in range(12)]
+              for command in COMMANDS for i in range(8)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         outcomes = list(pool.map(lambda t: _signalled(*t), trials))
     interrupted = [o for o in outcomes if not _finished_first(o[3])]
@@ -311,7 +311,7 @@ def test_signals_at_random_moments_end_every_command_cleanly() -> None:
                                         for c, d, s, r in bad)
     assert not bad, note
     for command in COMMANDS:  # the trials did interrupt: not all came after the result
-        assert sum(o[0] == command for o in interrupted) >= 5, (command, seed)
+        assert sum(o[0] == command for o in interrupted) >= 3, (command, seed)
 
 
 # --- no surprise imports, no files left ------------------------------------------------------
