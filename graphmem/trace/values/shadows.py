@@ -28,7 +28,15 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import OP_ERRORS, hint_of, holds_fakes, tree_flatten, tree_map, unset_fake_temporarily
+from graphmem._torch_api import (
+    OP_ERRORS,
+    generator_started_at,
+    hint_of,
+    holds_fakes,
+    tree_flatten,
+    tree_map,
+    unset_fake_temporarily,
+)
 from graphmem.job.spec import BELOW, ROUTINGS
 from graphmem.job.values import UNINITIALISED
 from graphmem.trace.rules import ops
@@ -74,8 +82,7 @@ def _make(kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
     if kind == "arange":
         return torch.arange(shape[-1] if shape else 1, dtype=dtype).expand(shape).contiguous()
     if kind.startswith(BELOW):  # torch.randint(0, N, shape) from a generator started at 0
-        return torch.randint(0, int(kind.removeprefix(BELOW)), shape, dtype=dtype,
-                             generator=torch.Generator().manual_seed(0))
+        return torch.randint(0, int(kind.removeprefix(BELOW)), shape, dtype=dtype, generator=generator_started_at(0))
     return torch.full(shape, int(kind), dtype=dtype)
 
 
