@@ -68,6 +68,7 @@ __all__ = [
     "is_cached_tensor",
     "generator_started_at",
     "pipeline_backward_meta",
+    "pipeline_warmup_owners",
     "pipeline_inference_mode",
     "sdp_priority_order",
     "backward_keeping_modes",
@@ -334,6 +335,15 @@ def generator_started_at(value: int) -> torch.Generator:
     the user starts torch's default generator at the same value."""
     generator: torch.Generator = getattr(torch.Generator(), _START_AT)(value)
     return generator
+
+
+def pipeline_warmup_owners() -> list[type]:
+    """The pipeline schedule classes that define ``_warmup_p2p``, the first step's vote over
+    point-to-point messages on whether every stage knows its shapes."""
+    from torch.distributed.pipelining import schedules
+
+    return [cls for cls in (schedules._PipelineSchedule, schedules.PipelineScheduleSingle)
+            if "_warmup_p2p" in cls.__dict__]
 
 
 def pipeline_backward_meta(output_metas: tuple[Any, ...]) -> Any:

@@ -375,9 +375,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
     chosen = program_ranks(ranks, program.world_size)
 
-    box = [Mailbox()]  # what the ranks recorded so far sent (their pipeline stages' messages)
-
-    def one(rank: int, cut: bool = False) -> _RankRun:
+    def one(rank: int, mailbox: Mailbox, cut: bool = False) -> _RankRun:
         target = None
         if cuda is not None:
             def memory(trace: Trace, since: int) -> GpuMemory:
@@ -392,7 +390,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
                                CudaKernels(cuda[0], sdpa), memory)
         progress.show(f"running {program.command}" + (f" as rank {rank}" if program.world_size > 1 else "")
                       + (", its model's repeated blocks recorded once" if cut else ""))
-        traced = trace_program(program, gpu=target, rank=rank, cut=cut, mailbox=box[0])
+        traced = trace_program(program, gpu=target, rank=rank, cut=cut, mailbox=mailbox)
         progress.show(f"analysing {len(traced.trace.ops):,} ops")
         report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
         if cuda is not None and target is not None:
@@ -402,42 +400,42 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
         return _RankRun(report, traced.models[0] if traced.models else program.target, traced.exchanged)
 
-    def repeated(rank: int) -> _RankRun:
+    def repeated(rank: int, mailbox: Mailbox) -> _RankRun:
         """The rank recorded with its model's stack of alike blocks cut to four (graphmem.trace.
         program.stacks), in a process of its own: a recording that does not repeat by offset
         (or fails) is thrown away and the rank recorded whole, here, as the process stood."""
         whole = forked if program.world_size > 1 else one  # (a graph does not pickle back from a rank's process)
         if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") == "0":
-            return whole(rank)
-        tried = fork_once(lambda: forked(rank, True), what="recording a rank of the program")
+            return whole(rank, mailbox)
+        tried = fork_once(lambda: forked(rank, mailbox, True), what="recording a rank of the program")
         if tried is None:  # no fork here: recorded whole
-            return whole(rank)
+            return whole(rank, mailbox)
         kind, value, written = tried
         if kind == "raised" and isinstance(value, Spoiled):
             progress.show(f"recording the whole model ({value})")
-            return whole(rank)
+            return whole(rank, mailbox)
         sys.stdout.write(written)
         if kind == "raised":  # the program's own failure (nothing was cut), a wait, or an interruption
             raise value
         result: _RankRun = value
         return result
 
-    def forked(rank: int, cut: bool = False) -> _RankRun:  # a graph does not pickle
-        run = one(rank, cut)
+    def forked(rank: int, mailbox: Mailbox, cut: bool = False) -> _RankRun:  # a graph does not pickle
+        run = one(rank, mailbox, cut)
         return replace(run, report=with_graph(run.report, torch.fx.Graph()))
 
-    def attempt(rank: int) -> _RankRun | Waits:
-        try:
-            return repeated(rank)
-        except Waits as waits:  # recorded again once the rank it waits for is
-            return waits
+    def record(ranks: Sequence[int], mailbox: Mailbox) -> list[_RankRun | Waits]:
+        def attempt(rank: int) -> _RankRun | Waits:
+            try:
+                return repeated(rank, mailbox)
+            except Waits as waits:  # recorded again once the rank it waits for is
+                return waits
 
-    def record(ranks: Sequence[int]) -> list[_RankRun | Waits]:
         if program.world_size > 1:  # each rank a process of its own, as torchrun starts them: its own imports
             return fork_each(attempt, ranks, what="running a rank of the program")
         return [attempt(rank) for rank in ranks]
 
-    runs, added = _record_program_ranks(record, chosen, box, stage_ranks=ranks == "auto")
+    runs, added = _record_program_ranks(record, chosen, stage_ranks=ranks == "auto")
     recorded = sorted(runs.items())
     train, model = recorded[0][1].report, recorded[0][1].model
     if program.world_size > 1:
@@ -463,13 +461,13 @@ class _RankRun:
     exchanged: Exchanged
 
 
-def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Waits]], chosen: Sequence[int],
-                          box: list[Mailbox], *, stage_ranks: bool) -> tuple[dict[int, _RankRun], tuple[str, ...]]:
+def _record_program_ranks(record: Callable[[Sequence[int], Mailbox], list[_RankRun | Waits]],
+                          chosen: Sequence[int], *, stage_ranks: bool) -> tuple[dict[int, _RankRun], tuple[str, ...]]:
     """Each rank of ``chosen`` recorded by ``record`` (several at once), until the messages
     between pipeline stages agree (graphmem.trace.program.stage_messages): a rank that waits
     for another's message is recorded again after it (that rank recorded too, if not chosen),
-    one whose assumed message a later recording contradicts is recorded again.  ``box[0]`` is
-    the mailbox the recordings read.  ``stage_ranks``: also the first rank of each pipeline
+    one whose assumed message a later recording contradicts is recorded again; each round's
+    recordings read what the rounds before sent.  ``stage_ranks``: also the first rank of each pipeline
     stage.  Returns the recordings by rank, and why ranks not chosen were recorded ("2, 3: the
     first rank of each pipeline stage"; none: empty).
 
@@ -480,11 +478,11 @@ def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Wait
     """
     runs: dict[int, _RankRun] = {}
     pending, why = sorted(set(chosen)), dict[int, str]()
-    rounds, sent_before = 0, -1
+    rounds, sent_before, mailbox = 0, -1, Mailbox()
     while True:
         rounds += 1
         waiting: dict[int, Waits] = {}
-        for rank, result in zip(pending, record(pending), strict=True):
+        for rank, result in zip(pending, record(pending, mailbox), strict=True):
             if isinstance(result, Waits):
                 waiting[rank] = result
             else:
@@ -494,11 +492,11 @@ def _record_program_ranks(record: Callable[[Sequence[int]], list[_RankRun | Wait
             sent.update(waits.sent)
         if not set(pending) - set(waiting) and len(sent) == sent_before or rounds > 4 * (len(runs) + len(waiting)) + 8:
             break
-        box[0], sent_before = Mailbox(sent), len(sent)
-        again = {rank for rank, run in runs.items() if box[0].contradicts(run.exchanged.assumed)}
+        mailbox, sent_before = Mailbox(sent), len(sent)
+        again = {rank for rank, run in runs.items() if mailbox.contradicts(run.exchanged.assumed)}
         for rank in again:
             del runs[rank]
-        senders = {w.sender for w in waiting.values() if not box[0].find(w.key)[0]}
+        senders = {w.sender for w in waiting.values() if not mailbox.find(w.key)[0]}
         stages = set(runs[0].exchanged.stages.values()) if stage_ranks and 0 in runs else set()
         for rank in sorted((senders | stages) - set(chosen) - set(why)):
             why[rank] = "the pipeline stages the others wait for" if rank in senders else \

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import pipeline_inference_mode
+from graphmem._torch_api import pipeline_inference_mode, pipeline_warmup_owners
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.patching import patched
@@ -271,7 +271,6 @@ def pipeline_warmup_known() -> Iterator[None]:
     """The schedules' first step votes, over point-to-point messages, whether every stage was
     given its shapes, and reads the vote's value (``.item()``): no values on the fake process
     group.  Every stage here is given its shapes, so each stage is told the vote's outcome."""
-    from torch.distributed.pipelining import schedules
     InferenceMode = pipeline_inference_mode()
 
     def warmup(self: Any, stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
@@ -280,7 +279,5 @@ def pipeline_warmup_known() -> Iterator[None]:
                 raise UnsupportedError("--parallel pp: a stage needs shape inference at run time")
             stage._inference_mode = InferenceMode.STATIC
 
-    targets = [cls for cls in (schedules._PipelineSchedule, schedules.PipelineScheduleSingle)
-               if "_warmup_p2p" in cls.__dict__]
-    with patched(*((cls, "_warmup_p2p", warmup) for cls in targets)):
+    with patched(*((cls, "_warmup_p2p", warmup) for cls in pipeline_warmup_owners())):
         yield

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from graphmem._torch_api import pipeline_backward_meta, pipeline_inference_mode
+from graphmem._torch_api import pipeline_backward_meta, pipeline_inference_mode, pipeline_warmup_owners
 from graphmem.patching import patched
 
 __all__ = ["Exchange", "Exchanged", "Key", "Mailbox", "Waits", "exchanging_stage_messages"]
 
 # (what, sending stage, receiving stage, sending rank, receiving rank, how many sent before on
-# that channel): what is "shapes" or "vote"
+# that channel): what is "shapes", "vote" (the votes so far) or "outcome" (the vote's)
 Key = tuple[str, int, int, int, int, int]
 
 
@@ -53,8 +53,12 @@ class Waits(BaseException):
     def __init__(self, key: Key) -> None:
         super().__init__(key)  # (pickled back from a rank's process by its arguments)
         self.key = key
-        self.sender = key[3]
         self.sent: dict[Key, Any] = {}  # what the recording had sent before it stopped
+
+    @property
+    def sender(self) -> int:
+        """The rank the message would come from."""
+        return self.key[3]
 
     def __str__(self) -> str:
         return f"stage {self.key[2]} waits for a message from stage {self.key[1]} on rank {self.sender}"
@@ -179,7 +183,6 @@ def _when_imported(name: str, then: Callable[[ModuleType], None]) -> Iterator[No
 @contextlib.contextmanager
 def _stages_exchanging(exchange: Exchange) -> Iterator[None]:
     """The patches of ``exchanging_stage_messages``, torch's pipelining imported."""
-    from torch.distributed.pipelining import schedules
     from torch.distributed.pipelining import stage as stages_module
     PipelineStage = stages_module.PipelineStage
     if not all(hasattr(PipelineStage, name) for name in ("_send_meta", "_recv_meta", "_warmup_forward_vote")):
@@ -243,8 +246,7 @@ def _stages_exchanging(exchange: Exchange) -> Iterator[None]:
             stage._inference_mode = InferenceMode.STATIC if result == 1 else InferenceMode.DYNAMIC
         return None
 
-    targets = [cls for cls in (schedules._PipelineSchedule, schedules.PipelineScheduleSingle)
-               if "_warmup_p2p" in cls.__dict__]
+    targets = pipeline_warmup_owners()
     originals = {cls: cls.__dict__["_warmup_p2p"] for cls in targets}
     with patched((PipelineStage, "_send_meta", send_meta), (PipelineStage, "_recv_meta", recv_meta),
                  *((cls, "_warmup_p2p", warmup) for cls in targets)):

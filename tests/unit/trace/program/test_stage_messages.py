@@ -48,11 +48,12 @@ class _Chain:
 
     def __init__(self, stages: int, replicas: int = 1, outcome: int = 0) -> None:
         self.stages, self.replicas, self.outcome = stages, replicas, outcome
-        self.box: list[Mailbox] = [Mailbox()]
+        self.box = Mailbox()
         self.rounds: list[list[int]] = []
 
-    def record(self, ranks: Sequence[int]) -> list[Any]:
+    def record(self, ranks: Sequence[int], mailbox: Mailbox) -> list[Any]:
         self.rounds.append(list(ranks))
+        self.box = mailbox
         return [self._one(rank) for rank in ranks]
 
     def _one(self, rank: int) -> Any:
@@ -62,11 +63,11 @@ class _Chain:
         assumed: dict[Any, Any] = {}
         if stage > 0:
             key = ("shapes", stage - 1, stage, peer(stage - 1), rank, 0)
-            if not self.box[0].find(key)[0]:
+            if not self.box.find(key)[0]:
                 return Waits(key)
         if stage < self.stages - 1:
             sent[("shapes", stage, stage + 1, rank, peer(stage + 1), 0)] = b"meta"
-            found, outcome = self.box[0].find(("outcome", stage + 1, stage, peer(stage + 1), rank, 0))
+            found, outcome = self.box.find(("outcome", stage + 1, stage, peer(stage + 1), rank, 0))
             if not found:
                 assumed[("outcome", stage + 1, stage, peer(stage + 1), rank, 0)] = 1
         if stage > 0:
@@ -77,7 +78,7 @@ class _Chain:
 
 def test_ranks_are_recorded_again_until_every_stage_has_what_it_waited_for() -> None:
     chain = _Chain(stages=3)
-    runs, why = _record_program_ranks(chain.record, [0, 2], chain.box, stage_ranks=False)
+    runs, why = _record_program_ranks(chain.record, [0, 2], stage_ranks=False)
     assert sorted(runs) == [0, 1, 2]
     # 2 waits for stage 1, so 1 is recorded (2 still waits: 1 was recorded beside it); 1 sends
     # an outcome 0 assumed otherwise, so 0 again, with 2; 2's outcome contradicts 1's: 1 again
@@ -86,7 +87,7 @@ def test_ranks_are_recorded_again_until_every_stage_has_what_it_waited_for() -> 
 
 def test_auto_adds_each_stages_first_rank_and_answers_a_replica_by_stage() -> None:
     chain = _Chain(stages=2, replicas=2, outcome=1)  # ranks 0, 1: stage 0; 2, 3: stage 1
-    runs, why = _record_program_ranks(chain.record, [0, 3], chain.box, stage_ranks=True)
+    runs, why = _record_program_ranks(chain.record, [0, 3], stage_ranks=True)
     assert sorted(runs) == [0, 2, 3] and why == ("2: each pipeline stage's first rank",)
     assert chain.rounds == [[0, 3], [2, 3]]  # rank 3's stage-0 peer (rank 1) is never recorded
 
@@ -98,4 +99,4 @@ def test_ranks_that_never_stop_waiting_are_one_clear_error() -> None:
 
     chain = Stuck(stages=2)
     with pytest.raises(TraceError, match="wait for each other"):
-        _record_program_ranks(chain.record, [0, 1], chain.box, stage_ranks=False)
+        _record_program_ranks(chain.record, [0, 1], stage_ranks=False)
