@@ -462,10 +462,14 @@ main.add_command(max_batch_command, name="max-seq")
                    "outputs of these ops (selective: matmuls, attention or aten op names, comma-separated, e.g. "
                    "matmuls,attention) and recomputing the rest; the emitted module keeps them in its SELECTIVE "
                    "blocks. Implies --policy.")
+@click.option("--policy-ops/--no-policy-ops", "policy_ops", default=True, show_default=True,
+              help="With --policy: after choosing the blocks, keep the outputs of single ops inside them (a "
+                   "submodule's matmuls, the attention) where the budget leaves room, each step analysed; "
+                   "--no-policy-ops: whole blocks only, as torchtitan's config can say.")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
                  debug: bool, world_size: int | None, prune_amount: float, group_size: int, policy: bool,
                  emit_policy: str | None, policy_curve: str | None, front_points: int, policy_save: str,
-                 **options: Any) -> None:
+                 policy_ops: bool, **options: Any) -> None:
     """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
     accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
     predicted peak, saving and extra compute; and why training takes N times inference.  With
@@ -480,7 +484,7 @@ def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units:
     with _analysis(debug):
         job, limit, context = _preflight(options, budget, margin)
         plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size,
-                         policy=policy, front_points=front_points, policy_save=save)
+                         policy=policy, front_points=front_points, policy_save=save, policy_ops=policy_ops)
         text = PLAN_RENDERERS[fmt](plan, context, units)
 
     def files(staged: StagedFiles) -> None:

@@ -38,7 +38,7 @@ from graphmem.job.choices import (
     QUANTIZED_BASES,
     SDPA_CHOICES,
 )
-from graphmem.job.grammar import parse_blocks, validate_inputs
+from graphmem.job.grammar import parse_blocks, parse_save_in, validate_inputs
 from graphmem.job.lora_spec import LoraSpec, read_lora, require_peft
 from graphmem.report import UNIT_CHOICES
 from graphmem.report.paths import check_destination
@@ -249,7 +249,12 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--checkpoint-save"], default="", metavar="OPS",
                      help="With --checkpoint: selective activation checkpointing: keep the outputs of these ops "
                           "and recompute the rest: matmuls, every-2nd-matmul, attention, or aten op names "
-                          "(aten.mm,aten.addmm)."),
+                          "(aten.mm,aten.addmm); PATH:NAME keeps them only inside the block's submodule at PATH "
+                          "(attn.proj:matmuls)."),
+        click.Option(["--checkpoint-save-in"], type=ParsedType("I[-J]=OPS[;...]", parse_save_in, tuple), default="",
+                     help="With --checkpoint-blocks: the outputs each of these blocks keeps, in place of "
+                          "--checkpoint-save, e.g. 0=attn.proj:matmuls;2-3=matmuls,attention: the op-by-op "
+                          "choice graphmem plan --policy makes."),
         click.Option(["--grad-accum"], type=click.IntRange(min=1), default=1, show_default=True,
                      help="Forward/backward micro-steps per optimizer step."),
         click.Option(["--loss"], type=click.Choice(LOSSES), default="auto", show_default=True,
@@ -383,7 +388,7 @@ def job_from(options: Mapping[str, Any]) -> Job:
         optimizer_kwargs=options["optimizer_kwargs"], optimizer_impl=options["optimizer_impl"],
         amp=options["amp"], checkpoint=options["checkpoint_classes"], checkpoint_every=options["checkpoint_every"],
         checkpoint_save=options["checkpoint_save"], checkpoint_blocks=options["checkpoint_blocks"],
-        checkpoint_save_blocks=options["checkpoint_save_blocks"],
+        checkpoint_save_blocks=options["checkpoint_save_blocks"], checkpoint_save_in=options["checkpoint_save_in"],
         grad_accum=options["grad_accum"],
         gpu=options["gpu"], sdpa=options["sdpa"], alloc_conf=options["alloc_conf"],
         assume=dict(parse_assumption(a) for a in options["assumptions"]),

@@ -207,6 +207,35 @@ def parse_blocks(text: str) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+def parse_save_in(text: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """``--checkpoint-save-in``: ``"0=attn.proj:matmuls;2-3=matmuls,attention"`` -> each block
+    with the outputs it keeps, in block order; ``""`` -> ``()``.
+
+    Raises:
+        UserInputError: a group without ``BLOCKS=NAMES``, bad blocks, or a block given twice.
+    """
+    found: dict[int, tuple[str, ...]] = {}
+    for group in (g.strip() for g in text.split(";") if g.strip()):
+        blocks, equals, names = group.partition("=")
+        saved = tuple(n.strip() for n in names.split(",") if n.strip())
+        if not equals or not saved:
+            raise UserInputError(f"--checkpoint-save-in: {group!r} is not BLOCKS=NAMES; expected e.g. "
+                                 "0=attn.proj:matmuls;2-3=matmuls,attention")
+        for block in parse_blocks(blocks):
+            if block in found:
+                raise UserInputError(f"--checkpoint-save-in: block {block} is given twice")
+            found[block] = saved
+    return tuple(sorted(found.items()))
+
+
+def format_save_in(save_in: Sequence[tuple[int, Sequence[str]]]) -> str:
+    """The inverse of parse_save_in, blocks with the same names grouped: ``"0,2=fc:matmuls"``."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for block, names in save_in:
+        groups.setdefault(tuple(names), []).append(block)
+    return ";".join(f"{format_blocks(blocks)}={','.join(names)}" for names, blocks in groups.items())
+
+
 def format_blocks(blocks: Sequence[int]) -> str:
     """``(0, 1, 2, 3, 6)`` -> ``"0-3,6"``: block indices as ``--checkpoint-blocks`` takes them."""
     runs: list[list[int]] = []

@@ -20,7 +20,7 @@ from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
 from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, DEVICES, SDPA_CHOICES
 from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quantize_base
-from graphmem.job.grammar import parse_blocks
+from graphmem.job.grammar import parse_blocks, parse_save_in
 from graphmem.job.load import ModelSource
 from graphmem.job.parallel import ParallelSpec, parse_parallel
 from graphmem.job.presets import get_preset
@@ -155,6 +155,8 @@ class Job:
         for key in ("checkpoint_blocks", "checkpoint_save_blocks"):
             if key in step:
                 step[key] = _blocks(step[key])
+        if "checkpoint_save_in" in step:
+            step["checkpoint_save_in"] = _save_in(step["checkpoint_save_in"])
         if "kwargs" in changes:
             changes["model_kwargs"] = dict(changes.pop("kwargs") or {})
         if "inputs" in changes:
@@ -177,7 +179,8 @@ def make_job(model: str | ModelSource | None = None,
              optimizer_kwargs: Mapping[str, Any] | None = None, optimizer_impl: str = "auto",
              amp: str | None = None, checkpoint: Sequence[str] | str = (), checkpoint_every: int = 1,
              checkpoint_save: Sequence[str] | str = (), checkpoint_blocks: Sequence[int] | str = (),
-             checkpoint_save_blocks: Sequence[int] | str = (), grad_accum: int = 1,
+             checkpoint_save_blocks: Sequence[int] | str = (),
+             checkpoint_save_in: Mapping[int, Sequence[str]] | str = "", grad_accum: int = 1,
              gpu: str | None = None, sdpa: str = "auto", alloc_conf: str | None = None,
              assume: Mapping[str, str] | None = None, hf_config: Mapping[str, Any] | None = None,
              preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
@@ -219,7 +222,7 @@ def make_job(model: str | ModelSource | None = None,
                       checkpoint_every=checkpoint_every, checkpoint_save=_class_names(checkpoint_save),
                       checkpoint_blocks=_blocks(checkpoint_blocks),
                       checkpoint_save_blocks=_blocks(checkpoint_save_blocks),
-                      grad_accum=grad_accum)
+                      checkpoint_save_in=_save_in(checkpoint_save_in), grad_accum=grad_accum)
     if isinstance(generate, str):
         generate = parse_generate(generate, batch)
     if isinstance(parallel, str):
@@ -265,6 +268,16 @@ def _input_texts(inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | 
 def _blocks(blocks: Sequence[int] | str) -> tuple[int, ...]:
     """``"0-3,6"`` or ``[0, 1, 2, 3, 6]`` -> ``(0, 1, 2, 3, 6)`` (graphmem.job.grammar.parse_blocks)."""
     return parse_blocks(blocks) if isinstance(blocks, str) else tuple(sorted(int(b) for b in blocks))
+
+
+def _save_in(save_in: Mapping[int, Sequence[str]] | Sequence[tuple[int, Sequence[str]]] | str
+             ) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """``"0=attn.proj:matmuls"`` or ``{0: ["attn.proj:matmuls"]}`` -> ``((0, ("attn.proj:matmuls",)),)``
+    (graphmem.job.grammar.parse_save_in)."""
+    if isinstance(save_in, str):
+        return parse_save_in(save_in)
+    pairs = save_in.items() if isinstance(save_in, Mapping) else save_in
+    return tuple(sorted((int(block), _class_names(names)) for block, names in pairs))
 
 
 def _class_names(classes: Sequence[str] | str) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from graphmem.job.choices import LOSSES, OPTIMIZER_CHOICES, OPTIMIZER_IMPLS, OPT
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 
 __all__ = ["StepConfig", "OPTIMIZERS", "OPTIMIZER_CHOICES", "OPTIMIZER_IMPLS", "LOSSES", "AMP_DTYPES",
-           "SAVE_CHOICES", "resolve_optimizer"]
+           "SAVE_CHOICES", "resolve_optimizer", "split_save"]
 
 # --checkpoint-save: the outputs kept by selective activation checkpointing
 SAVE_CHOICES = {
@@ -23,6 +23,15 @@ SAVE_CHOICES = {
     "every-2nd-matmul": "every second matrix multiply of a block's forward (torchtitan's op policy)",
     "attention": "the scaled-dot-product attention kernels",
 }
+
+
+def split_save(name: str) -> tuple[str, str]:
+    """A ``--checkpoint-save`` name as (submodule path inside the block, what it keeps):
+    ``"attn.proj:matmuls"`` -> ``("attn.proj", "matmuls")``, ``"matmuls"`` -> ``("", "matmuls")``."""
+    path, _, kind = name.rpartition(":")
+    return path, kind
+
+
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -48,7 +57,11 @@ class StepConfig:
             checkpointed whole; empty: every checkpointed block is selective.
         checkpoint_save: selective checkpointing: inside a checkpointed module, the outputs of
             these ops are saved and every other op is recomputed in backward (names from
-            SAVE_CHOICES or aten op names such as ``aten.mm``); empty: recompute everything.
+            SAVE_CHOICES or aten op names such as ``aten.mm``, each either for the whole block or,
+            as ``PATH:NAME``, only for the ops run inside the block's submodule at PATH, e.g.
+            ``attn.proj:matmuls``); empty: recompute everything.
+        checkpoint_save_in: per block, its own ``checkpoint_save`` names: (block, names) pairs,
+            the blocks among ``checkpoint_blocks`` (what ``plan --policy`` chooses op by op).
         grad_accum: micro-steps (forward + backward) per optimizer step.
         iterations: optimizer steps recorded (2: the first creates the optimizer state).
     """
@@ -63,6 +76,7 @@ class StepConfig:
     checkpoint_save: tuple[str, ...] = ()
     checkpoint_blocks: tuple[int, ...] = ()
     checkpoint_save_blocks: tuple[int, ...] = ()
+    checkpoint_save_in: tuple[tuple[int, tuple[str, ...]], ...] = ()
     grad_accum: int = 1
     iterations: int = 2
 
@@ -92,10 +106,17 @@ class StepConfig:
                                  f"{','.join(map(str, self.checkpoint_blocks))}")
         if self.checkpoint_every < 1:
             raise UserInputError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
-        unknown = [n for n in self.checkpoint_save if n not in SAVE_CHOICES and not n.startswith("aten.")]
+        names = [*self.checkpoint_save, *(n for _, saved in self.checkpoint_save_in for n in saved)]
+        kinds = {n: split_save(n)[1] for n in names}
+        unknown = [n for n, kind in kinds.items() if kind not in SAVE_CHOICES and not kind.startswith("aten.")]
         if unknown:
             raise UserInputError(f"--checkpoint-save: unknown {', '.join(unknown)}; expected "
-                                 f"{', '.join(SAVE_CHOICES)} or aten op names such as aten.mm")
+                                 f"{', '.join(SAVE_CHOICES)} or aten op names such as aten.mm, each optionally "
+                                 "after a submodule path inside the block (attn.proj:matmuls)")
+        own = [b for b, _ in self.checkpoint_save_in]
+        if own and not (set(own) <= set(self.checkpoint_blocks) and len(set(own)) == len(own)):
+            raise UserInputError("--checkpoint-save-in names blocks among --checkpoint-blocks, each once, "
+                                 "with the outputs each keeps (0=attn.proj:matmuls)")
         if self.grad_accum < 1 or self.iterations < 1:
             raise UserInputError(f"grad-accum and iterations must be >= 1, got {self.grad_accum} "
                                  f"and {self.iterations}")

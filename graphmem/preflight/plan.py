@@ -104,7 +104,7 @@ class Plan:
 
 def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_amount: float = 0.5,
               group_size: int = 128, policy: bool = False, front_points: int = FRONT_POINTS,
-              policy_save: Sequence[str] = ()) -> Plan:
+              policy_save: Sequence[str] = (), policy_ops: bool = True) -> Plan:
     """Predict every remedy for ``job`` against ``budget``; with ``policy``, only the activation
     checkpointing policy with the least recompute that fits (graphmem.preflight.policy).
 
@@ -117,6 +117,8 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
         front_points: with ``policy``, the points of the memory/recompute front analysed.
         policy_save: with ``policy``, ``--checkpoint-save`` names (``matmuls``, ``attention``, aten
             ops): each block may also be checkpointed keeping those ops' outputs.
+        policy_ops: with ``policy``, then keep single ops' outputs inside the chosen blocks where
+            the budget leaves room (graphmem.preflight.policy.finer); False: per block only.
 
     Returns:
         The Plan (sizes in bytes).
@@ -124,7 +126,7 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
     if job.generate is None:
         validate_inputs(job.inputs, symbolic=False)
     if policy:
-        return _policy_plan(job, budget, front_points, tuple(policy_save))
+        return _policy_plan(job, budget, front_points, tuple(policy_save), policy_ops)
     ctx, both = _context(job, budget, world_size, prune_amount, group_size)
     found: list[Analysed | str] = []
     search = _batch_row(ctx, found)
@@ -149,13 +151,13 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
                 report=without_graphs(both))
 
 
-def _policy_plan(job: Job, budget: Budget, front_points: int, save: tuple[str, ...]) -> Plan:
+def _policy_plan(job: Job, budget: Budget, front_points: int, save: tuple[str, ...], ops: bool) -> Plan:
     """The plan of ``--policy``: the job as given and the checkpointing policy, no other remedy."""
     job, block_class = policy_job(job)
     ctx, both = _context(job, budget, None, 0.5, 128)
     search = make_sharded_policy if job.parallel is not None else make_policy
     chosen = search(ctx.job, budget, block_class=block_class, base=ctx.base, source=ctx.source,
-                    front_points=front_points, save=save)
+                    front_points=front_points, save=save, ops=ops)
     train_peak = footprint_of(both, "train").peak_bytes if both.train else None
     inference_peak = footprint_of(both, "inference").peak_bytes if both.inference else None
     text = explain(both.train, both.inference, train_peak or 0, inference_peak or 0, None)

@@ -66,6 +66,7 @@ class Setup:
     checkpoint_save: tuple[str, ...] = ()
     checkpoint_blocks: tuple[int, ...] = ()
     checkpoint_save_blocks: tuple[int, ...] = ()
+    checkpoint_save_in: tuple[tuple[int, tuple[str, ...]], ...] = ()
     grad_accum: int = 1
     parallel: str | None = None
     world_size: int | None = None
@@ -94,7 +95,7 @@ def setup_of(job: Job) -> Setup:
                  dtype=str(job.dtype).removeprefix("torch.") if job.dtype is not None else None, amp=step.amp,
                  checkpoint=step.checkpoint, checkpoint_every=step.checkpoint_every,
                  checkpoint_save=step.checkpoint_save, checkpoint_blocks=step.checkpoint_blocks,
-                 checkpoint_save_blocks=step.checkpoint_save_blocks,
+                 checkpoint_save_blocks=step.checkpoint_save_blocks, checkpoint_save_in=step.checkpoint_save_in,
                  grad_accum=step.grad_accum,
                  parallel=job.parallel.text if job.parallel else None,
                  world_size=job.parallel.world_size if job.parallel else None,
@@ -117,7 +118,9 @@ def setup_to_dict(setup: Setup, report: MemoryReport | None = None) -> dict[str,
                            "save": list(setup.checkpoint_save),
                            **({"blocks": list(setup.checkpoint_blocks)} if setup.checkpoint_blocks else {}),
                            **({"save_blocks": list(setup.checkpoint_save_blocks)}
-                              if setup.checkpoint_save_blocks else {})}
+                              if setup.checkpoint_save_blocks else {}),
+                           **({"save_in": {str(b): list(names) for b, names in setup.checkpoint_save_in}}
+                              if setup.checkpoint_save_in else {})}
             if setup.checkpoint and setup.training else None,
             "grad_accum": setup.grad_accum if setup.training else None,
             "parallel": {"spec": setup.parallel, "world_size": setup.world_size,
@@ -163,6 +166,8 @@ def _setup_rows(setup: Setup) -> list[list[str]]:
         saved = f"; keeps the outputs of {', '.join(setup.checkpoint_save)}" if setup.checkpoint_save else ""
         if setup.checkpoint_save_blocks:
             saved += f" in blocks {format_blocks(setup.checkpoint_save_blocks)}"
+        for block, names in setup.checkpoint_save_in:
+            saved += f"; block {block} keeps the outputs of {', '.join(names)}"
         which = (f"blocks {format_blocks(setup.checkpoint_blocks)} of the {', '.join(setup.checkpoint)} modules"
                  if setup.checkpoint_blocks else f"every {every}{', '.join(setup.checkpoint)}")
         rows.append(["checkpointing", which + saved])

@@ -64,7 +64,7 @@ def _torchtitan_lines(blocks: Sequence[int], total: int, selective: Sequence[int
 
 
 _HEAD = '''"""Activation checkpointing chosen by graphmem plan --policy: the least recompute whose peak
-fits the budget, block by block.
+fits the budget, block by block{then}.
 
 {summary}
 """
@@ -85,6 +85,9 @@ CHECKPOINTED = {blocks!r}  # as graphmem's --checkpoint-blocks {spec}
 # the rest (--checkpoint-save-blocks); the others recompute their whole forward
 SELECTIVE = {selective!r}
 SAVE_OPS = {save_ops!r}
+# blocks that keep outputs op by op (--checkpoint-save-in {save_in}): block -> (submodule path inside
+# the block, "" for the whole block; the aten ops whose outputs it keeps while that submodule runs)
+KEPT = {kept!r}
 '''
 
 _BODY = '''
@@ -111,6 +114,35 @@ def context_fn() -> Any:
     return create_selective_checkpoint_contexts(policy_fn)
 
 
+def _running(forward: Any, count: list[int], *args: Any, **kwargs: Any) -> Any:
+    count[0] += 1
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        count[0] -= 1
+
+
+def kept_context_fn(block: torch.nn.Module, kept: Any) -> Any:
+    """``context_fn`` for a KEPT block: an op keeps its output where it is one of a pair's ops and
+    runs inside that pair's submodule (counted by wrapping the submodule's forward, so the
+    recompute decides alike); every other op is recomputed."""
+    scoped = []
+    for path, names in kept:
+        count = [0] if path else [1]
+        if path:
+            submodule = block.get_submodule(path)
+            submodule.forward = functools.partial(_running, submodule.forward, count)
+        scoped.append((count, frozenset(getattr(torch.ops.aten, name.split(".")[1]) for name in names)))
+
+    def kept_policy_fn(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        packet = op.overloadpacket
+        if any(count[0] and packet in ops for count, ops in scoped):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, kept_policy_fn)
+
+
 def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
@@ -132,7 +164,11 @@ def apply_policy(model: torch.nn.Module) -> torch.nn.Module:
         config.use_cache = False
     for index in CHECKPOINTED:
         block = found[index]
-        block.forward = functools.partial(_selective if index in SELECTIVE else _checkpointed, block.forward)
+        if index in KEPT:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False,
+                                              context_fn=kept_context_fn(block, KEPT[index]))
+        else:
+            block.forward = functools.partial(_selective if index in SELECTIVE else _checkpointed, block.forward)
     return model
 '''
 
@@ -150,7 +186,10 @@ def enable_transformers_checkpointing(model: Any) -> Any:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
     for index, layer in enumerate(blocks_of(model)):
         layer.gradient_checkpointing = index in CHECKPOINTED
-        if index in SELECTIVE:
+        if index in KEPT:
+            layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False,
+                                                                   context_fn=kept_context_fn(layer, KEPT[index]))
+        elif index in SELECTIVE:
             layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False,
                                                                    context_fn=context_fn)
     return model
@@ -197,12 +236,31 @@ def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
     text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}" if chosen.blocks else ""
     if chosen.selective:
         text += f" --checkpoint-save {','.join(policy.save)} --checkpoint-save-blocks {_spec(chosen.selective)}"
+    if chosen.kept:
+        text += f" --checkpoint-save-in {save_in_option(chosen.kept)}"
     sharding = policy.sharding
     if sharding is not None:
         text += f" --parallel {sharding.parallel}"
         if sharding.reshard_after_forward is not None:
             text += f" --reshard-after-forward {str(sharding.reshard_after_forward).lower()}"
     return text.strip() or "(as given)"
+
+
+def save_in_option(kept: Sequence[tuple[int, Sequence[str]]]) -> str:
+    """``--checkpoint-save-in``'s value as a shell takes it (quoted where it holds a ``;``)."""
+    from graphmem.job.grammar import format_save_in
+
+    text = format_save_in(kept)
+    return f"'{text}'" if ";" in text else text
+
+
+def kept_ops(kept: Sequence[tuple[int, Sequence[str]]]) -> dict[int, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """Per block of ``kept``, each name as (submodule path, the aten ops it names)."""
+    from graphmem.job.step import split_save
+    from graphmem.preflight.policy.search import saved_op_names
+
+    return {block: tuple((split_save(name)[0], saved_op_names([split_save(name)[1]])) for name in names)
+            for block, names in kept}
 
 
 def _spec(blocks: Sequence[int]) -> str:
@@ -219,10 +277,13 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
         described: the job in words (target and inputs), for the module's docstring.
     """
     chosen = policy.chosen if policy.chosen is not None else policy.lowest
-    text = _HEAD.format(summary=_summary(policy, chosen, described), cls=policy.block_class,
+    then = ", then single ops' outputs kept where the budget leaves room" if chosen.kept else ""
+    text = _HEAD.format(summary=_summary(policy, chosen, described), then=then, cls=policy.block_class,
                         count=policy.blocks, blocks=tuple(chosen.blocks), spec=_spec(chosen.blocks),
-                        selective=tuple(chosen.selective), save_ops=tuple(policy.saved_ops))
-    text += "\n".join(["", *_torchtitan_lines(chosen.blocks, policy.blocks, chosen.selective)]) + "\n"
+                        selective=tuple(chosen.selective), save_ops=tuple(policy.saved_ops),
+                        kept=kept_ops(chosen.kept), save_in=save_in_option(chosen.kept) or "(none)")
+    fine = (*chosen.selective, *(block for block, _ in chosen.kept))
+    text += "\n".join(["", *_torchtitan_lines(chosen.blocks, policy.blocks, fine)]) + "\n"
     text += _BODY.format()
     if policy.transformers:
         text += _TRANSFORMERS.format()

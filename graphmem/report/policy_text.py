@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from graphmem.job.grammar import format_blocks
+from graphmem.job.grammar import format_blocks, format_save_in
 from graphmem.report.policy_file import options_of, torchtitan_reshard, torchtitan_settings
 
 if TYPE_CHECKING:
@@ -19,11 +19,19 @@ __all__ = ["choice_to_dict", "policy_section", "policy_to_dict", "sharding_to_di
 
 
 def _blocks(choice: CheckpointChoice) -> str:
-    """``0-3`` (``0-1, 2-3 selective`` where some keep outputs)."""
-    whole = format_blocks([b for b in choice.blocks if b not in choice.selective])
+    """``0-3`` (``0-1, 2-3 selective`` where some keep outputs; ``0 keeping attn.proj:matmuls``
+    where one keeps outputs op by op)."""
+    own = dict(choice.kept)
+    whole = format_blocks([b for b in choice.blocks if b not in choice.selective and b not in own])
     kept = format_blocks(choice.selective)
-    return "; ".join(p for p in (f"{whole} whole" if whole and kept else whole, f"{kept} selective" if kept else "")
-                     if p) or "none"
+    finer = [f"{block} keeping {', '.join(names)}" for block, names in choice.kept]
+    parts = (f"{whole} whole" if whole and (kept or finer) else whole, f"{kept} selective" if kept else "", *finer)
+    return "; ".join(p for p in parts if p) or "none"
+
+
+def _fine(choice: CheckpointChoice) -> tuple[int, ...]:
+    """The blocks that keep some outputs (selective, or op by op)."""
+    return (*choice.selective, *(block for block, _ in choice.kept))
 
 
 def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
@@ -31,7 +39,9 @@ def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
             "selective": list(choice.selective), "checkpoint_save_blocks": format_blocks(choice.selective),
             "peak_bytes": choice.peak_bytes, "predicted_bytes": choice.predicted_bytes,
             "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits,
-            "gathered_bytes": choice.gathered_bytes}
+            "gathered_bytes": choice.gathered_bytes,
+            "kept": {str(block): list(names) for block, names in choice.kept},
+            "checkpoint_save_in": format_save_in(choice.kept)}
 
 
 def sharding_to_dict(sharding: Sharding) -> dict[str, Any]:
@@ -54,7 +64,7 @@ def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
             "lowest": choice_to_dict(policy.lowest), "front": [choice_to_dict(c) for c in policy.front],
             "front_size": policy.front_size, "baseline_peak_bytes": policy.baseline_bytes,
             "torchtitan": torchtitan_settings((chosen or policy.lowest).blocks, policy.blocks,
-                                              (chosen or policy.lowest).selective),
+                                              _fine(chosen or policy.lowest)),
             "save": list(policy.save), "saved_ops": list(policy.saved_ops),
             "exact": policy.exact, "notes": list(policy.notes), "solver": policy.solver,
             "recordings": policy.recordings, "analyses": policy.analyses,
@@ -81,7 +91,11 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
             f"peak {fmt(chosen.peak_bytes)} (analysed), fits with "
             f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom; recomputes "
             f"{chosen.recompute_flops:,} FLOPs ({chosen.extra_compute:+.1%} compute). The least recompute that "
-            f"fits. Run it: {options_of(policy, chosen)}")
+            f"fits{_ops_kept(chosen)}. Run it: {options_of(policy, chosen)}")
+
+
+def _ops_kept(chosen: CheckpointChoice) -> str:
+    return " block by block, then single ops' outputs kept where the budget leaves room" if chosen.kept else ""
 
 
 def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
@@ -118,13 +132,20 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
 
 
 def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
+    def row(point: CheckpointChoice, mark: str) -> list[Any]:
+        extra = "0" if not point.recompute_flops else f"{point.extra_compute:+.1%}"
+        return [_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}", extra,
+                "yes" if point.fits else "no", mark]
+
     rows = []
-    chosen = (policy.chosen.blocks, policy.chosen.selective) if policy.chosen is not None else None
+    chosen, base = policy.chosen, policy.per_block or policy.chosen
     for point in policy.front:
-        mark = "<- chosen" if (point.blocks, point.selective) == chosen else ""
-        rows.append([_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}",
-                     "0" if not point.recompute_flops else f"{point.extra_compute:+.1%}",
-                     "yes" if point.fits else "no", mark])
+        if base is None or point != base:
+            rows.append(row(point, ""))
+        elif chosen is not None and chosen.kept:
+            rows += [row(point, ""), row(chosen, "<- chosen: the row above, keeping single ops' outputs")]
+        else:
+            rows.append(row(point, "<- chosen"))
     shown = (f"{len(policy.front)} points, all analysed" if len(policy.front) == policy.front_size
              else f"{len(policy.front)} of its {policy.front_size} points, analysed (--front-points N for more)")
     title = textwrap.fill("Memory against recompute: the front, where no choice has both less recompute and a "
@@ -154,8 +175,17 @@ def _how(policy: PolicyPlan) -> str:
         f"{policy.blocks} {policy.block_class} modules, storage by "
         f"storage (graphmem/preflight/policy/composite.py); {policy.solver} picks the least recompute under the "
         f"budget; every peak above is an analysis of the job with those blocks checkpointed "
-        f"({policy.analyses} more analyses); {exact}.{notes} Extra compute: recomputed FLOPs over the step's "
-        "(torch.utils.flop_counter's formulas).", width=100)
+        f"({policy.analyses} more analyses); {exact}.{_finer(policy)}{notes} Extra compute: recomputed FLOPs over "
+        "the step's (torch.utils.flop_counter's formulas).", width=100)
+
+
+def _finer(policy: PolicyPlan) -> str:
+    chosen = policy.chosen
+    if chosen is None or not chosen.kept:
+        return ""
+    return (" Then, in the chosen blocks, the outputs of single ops (the most FLOPs per byte first) were kept "
+            "where an analysis found the step still fits and recomputes less (a greedy step after the per-block "
+            "optimum).")
 
 
 def policy_section(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:

@@ -203,7 +203,8 @@ def test_emitted_policy_run_for_real_has_the_verified_peak_and_fits(name: str, w
     real = _measure(case, lambda: module.apply_policy(case.build()))
     assert real == chosen.peak_bytes, (name, chosen.blocks, real, chosen.peak_bytes)
     assert real <= budget
-    assert real == measured(name, chosen.blocks)  # the same as the oracle's own checkpointing
+    if not chosen.kept:  # the same as the oracle's own checkpointing (it has no op-by-op choice)
+        assert real == measured(name, chosen.blocks)
 
 
 @pytest.mark.parametrize("name", ["gpt", pytest.param("resnet", marks=extended("the GPT's every choice runs by "
@@ -224,8 +225,9 @@ def test_resnet_recompute_is_the_blocks_forward_flops() -> None:
     """ResNet's blocks differ: the chosen blocks' recomputed FLOPs are their forward FLOPs, once
     per recorded iteration (two), as FlopCounterMode counts a real forward."""
     budget = _budgets("resnet")[1]
-    chosen = policy("resnet", budget).chosen
-    assert chosen is not None and chosen.blocks
+    plan = policy("resnet", budget)
+    assert plan.chosen is not None and plan.chosen.blocks
+    chosen = next(p for p in plan.front if p.blocks == plan.chosen.blocks)  # the per-block answer, on the front
     assert chosen.recompute_flops == 2 * sum(block_flops("resnet")[b] for b in chosen.blocks)
 
 
@@ -324,7 +326,10 @@ def test_selective_policy_run_for_real_fits_with_the_fewest_whole_blocks(name: s
     module = emitted(plan, tmp_path)
     real = _measure(case, lambda: module.apply_policy(case.build()))
     assert real == chosen.peak_bytes <= budget, (chosen.blocks, chosen.selective, real, chosen.peak_bytes)
-    whole = len(chosen.blocks) - len(chosen.selective)
+    # the per-block answer's whole blocks (a block keeping single ops' outputs was selective where
+    # its names begin with the plan's own)
+    own = dict(chosen.kept)
+    whole = sum(b not in chosen.selective and own.get(b, ())[:len(plan.save)] != plan.save for b in chosen.blocks)
     runs = measured_selective(name)
     fewer = [c for c, peak in runs.items() if sum(v == 1 for v in c) < whole and peak <= budget]
     assert not fewer, (name, budget, chosen, fewer)
@@ -439,7 +444,8 @@ def test_moe_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: i
     module = emitted(made, tmp_path)
     real = _measure_moe(lambda: module.apply_policy(MoENet()))
     assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
-    assert real == measured_moe(made.chosen.blocks)  # the same as the oracle's own checkpointing
+    if not made.chosen.kept:  # the same as the oracle's own checkpointing (it has no op-by-op choice)
+        assert real == measured_moe(made.chosen.blocks)
 
 
 # --- a transformers Mixtral (MoE decoder layers, top-2 of 4 experts) from a local config: its eager
@@ -495,7 +501,8 @@ def test_mixtral_emitted_policy_run_for_real_has_the_verified_peak_and_fits(whic
     module = emitted(made, tmp_path)
     real = _measure_mixtral(lambda: module.apply_policy(build_mixtral()))
     assert real == made.chosen.peak_bytes <= budget, (made.chosen.blocks, real, made.chosen.peak_bytes)
-    assert real == measured_mixtral(made.chosen.blocks)  # the same as the oracle's own checkpointing
+    if not made.chosen.kept:  # the same as the oracle's own checkpointing (it has no op-by-op choice)
+        assert real == measured_mixtral(made.chosen.blocks)
     assert made.transformers
     if which == 1:
         assert _measure_mixtral(lambda: module.enable_transformers_checkpointing(build_mixtral())) == real

@@ -26,6 +26,7 @@ from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite, merge_composites
+from graphmem.preflight.policy.finer import keepable
 from graphmem.preflight.policy.gathers import backward_gather_bytes
 from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.search import Prediction, predict
@@ -35,6 +36,7 @@ __all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "Shardi
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
 FRONT_SECONDS = 60  # the solver's time to prove each point of the front (solve.search_front)
+FINER_ANALYSES = 6  # analyses the op-by-op refinement of the chosen blocks may make (finer.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,9 @@ class CheckpointChoice:
         fits: peak_bytes fits the budget.
         gathered_bytes: with ``--parallel fsdp=N``, the bytes one rank all-gathers in backward
             per step (the analysis's; 0 without FSDP2).
+        kept: blocks that keep outputs op by op (finer.py), each with every output it keeps
+            (``--checkpoint-save`` names: ``attn.proj:matmuls``), as ``--checkpoint-save-in``
+            takes them; they are not in ``selective``.
     """
 
     blocks: tuple[int, ...]
@@ -63,6 +68,7 @@ class CheckpointChoice:
     extra_compute: float
     fits: bool
     gathered_bytes: int = 0
+    kept: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +125,8 @@ class PolicyPlan:
             the aten ops they name.
         sharding: with ``--parallel fsdp=N``, FSDP2's settings searched with the blocks and the
             one chosen (graphmem.preflight.policy.sharding); None on one device.
+        per_block: where ``chosen`` keeps single ops' outputs (its ``kept``), the per-block
+            answer it started from (a point of the front); None otherwise.
     """
 
     block_class: str
@@ -138,6 +146,7 @@ class PolicyPlan:
     save: tuple[str, ...] = ()
     saved_ops: tuple[str, ...] = ()
     sharding: Sharding | None = None
+    per_block: CheckpointChoice | None = None
 
     @property
     def blocks(self) -> int:
@@ -146,7 +155,7 @@ class PolicyPlan:
 
 def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
                 source: ModelSource | None = None, front_points: int = FRONT_POINTS,
-                save: Sequence[str] = ()) -> PolicyPlan:
+                save: Sequence[str] = (), ops: bool = True) -> PolicyPlan:
     """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
 
     Args:
@@ -158,6 +167,8 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         front_points: points of the front to analyse (the chosen and the lowest always are).
         save: ``--checkpoint-save`` names (``matmuls``, ``attention``, aten ops): each block may
             also be checkpointed selectively, keeping those ops' outputs (a third variant).
+        ops: then keep single ops' outputs inside the chosen blocks while the budget leaves room
+            (finer.py; each step analysed); False: the per-block answer.
 
     Returns:
         The PolicyPlan (bytes; peaks analysed).
@@ -182,6 +193,11 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         front = list(found.points) or [tuple([0] * len(paths))]
         verify = _Verifier(choices, composite, budget, base, done)
         made = _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
+        if ops and made.chosen is not None and made.chosen.blocks:
+            with progress.labelled("keeping single ops' outputs"):
+                finer = _finer(verify, paths, made.chosen)
+                if finer.kept:
+                    made = replace(made, chosen=finer, per_block=made.chosen, analyses=verify.analyses)
     stopped = () if found.complete else (
         f"the solver stopped after {FRONT_SECONDS} s looking for a peak below the front's last point (a lower one "
         "may exist; the choices shown are analysed)",)
@@ -270,16 +286,23 @@ class _Choices:
     def variants(self) -> int:
         return 3 if self.save else 2
 
-    def job_of(self, choice: Sequence[int]) -> Job:
-        """The job with ``choice`` applied, as --checkpoint-blocks (--checkpoint-save-blocks) say."""
+    def job_of(self, choice: Sequence[int], kept: Mapping[int, tuple[str, ...]] | None = None) -> Job:
+        """The job with ``choice`` applied, as --checkpoint-blocks (--checkpoint-save-blocks) say;
+        ``kept``: blocks that keep these outputs instead (--checkpoint-save-in)."""
         blocks = [i for i, v in enumerate(choice) if v]
         if not blocks:
             return self.job
-        selective = [i for i, v in enumerate(choice) if v == 2]
+        own = dict(kept or {})
+        selective = [i for i, v in enumerate(choice) if v == 2 and i not in own]
+        extra: dict[str, Any] = {"checkpoint_save_in": own} if own else {}
         if not selective:
-            return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks)
+            return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, **extra)
         return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, checkpoint_save=list(self.save),
-                                checkpoint_save_blocks=selective)
+                                checkpoint_save_blocks=selective, **extra)
+
+    def names_of(self, choice: Sequence[int], block: int) -> tuple[str, ...]:
+        """The outputs ``block`` keeps in ``choice`` (the ``save`` names where selective)."""
+        return self.save if choice[block] == 2 else ()
 
     def label(self, choice: Sequence[int]) -> str:
         whole = format_blocks([i for i, v in enumerate(choice) if v == 1]) or "none"
@@ -382,6 +405,7 @@ class _Verifier:
         # on a GPU, what the budget compares besides the tensors: the CUDA context, NCCL's buffers
         self.outside = footprint_of(base.report, "train").outside_bytes
         self.done: dict[tuple[int, ...], Prediction] = dict(done)
+        self.finer: dict[tuple[tuple[int, ...], tuple[tuple[int, tuple[str, ...]], ...]], Prediction] = {}
         self.analyses = 0  # made here, to verify
 
 
@@ -393,14 +417,48 @@ class _Verifier:
 
     def choice(self, choice: tuple[int, ...]) -> CheckpointChoice:
         self.analyse([choice])
-        made = self.done[choice]
+        return self._made(choice, self.done[choice], {})
+
+    def kept_choice(self, choice: tuple[int, ...], kept: Mapping[int, tuple[str, ...]]) -> CheckpointChoice:
+        """``choice`` with the blocks of ``kept`` keeping those outputs, analysed."""
+        key = tuple(sorted(kept.items()))
+        if (choice, key) not in self.finer:
+            self.finer[choice, key] = _analyse_all([(self.choices.job_of(choice, kept),
+                                                     f"analysing {self.choices.label(choice)} with outputs kept")])[0]
+            self.analyses += 1
+        return self._made(choice, self.finer[choice, key], kept)
+
+    def _made(self, choice: tuple[int, ...], made: Prediction, kept: Mapping[int, tuple[str, ...]]
+              ) -> CheckpointChoice:
         recompute = _train(made).recompute_flops
-        return CheckpointChoice(blocks=_blocks_of(choice), selective=tuple(i for i, v in enumerate(choice) if v == 2),
+        return CheckpointChoice(blocks=_blocks_of(choice),
+                                selective=tuple(i for i, v in enumerate(choice) if v == 2 and i not in kept),
                                 peak_bytes=made.peak_bytes,
                                 predicted_bytes=self.composite.peak(choice), recompute_flops=recompute,
                                 extra_compute=recompute / self.flops if self.flops else 0.0,
                                 fits=self.budget.fits(made.peak_bytes),
-                                gathered_bytes=backward_gather_bytes(_train(made)))
+                                gathered_bytes=backward_gather_bytes(_train(made)),
+                                kept=tuple(sorted(kept.items())))
+
+
+def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) -> CheckpointChoice:
+    """``chosen`` with single ops' outputs kept in its checkpointed blocks (finer.py), the most
+    FLOPs per byte first, each kept where the analysis says the step still fits and recomputes
+    less; at most FINER_ANALYSES analyses, none for an item larger than the room left."""
+    choice = _choice_of(chosen, len(paths))
+    own: dict[int, tuple[str, ...]] = {}
+    tried = 0
+    for item in keepable(_train(verify.done[choice]), paths, choice):
+        if tried >= FINER_ANALYSES:
+            break
+        if item.nbytes > verify.budget.cap_bytes - chosen.peak_bytes:
+            continue
+        trial = {**own, item.block: (*own.get(item.block, verify.choices.names_of(choice, item.block)), item.name)}
+        made = verify.kept_choice(choice, trial)
+        tried += 1
+        if made.fits and made.recompute_flops < chosen.recompute_flops:
+            own, chosen = trial, made
+    return chosen
 
 
 def _blocks_of(choice: Sequence[int]) -> tuple[int, ...]:

@@ -53,7 +53,7 @@ def _settings(given: bool | None) -> tuple[bool | None, ...]:
 
 def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
                         source: ModelSource | None = None, front_points: int = FRONT_POINTS,
-                        save: Sequence[str] = ()) -> PolicyPlan:
+                        save: Sequence[str] = (), ops: bool = True) -> PolicyPlan:
     """The checkpointing policy and ``reshard_after_forward`` of ``job`` (``--parallel fsdp=N``)
     with the least recompute, then the least backward communication, that fits ``budget``.
 
@@ -72,6 +72,7 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
         with progress.labelled(label):
             plans.append(make_policy(replace(job, parallel=replace(spec, reshard_after_forward=setting)), budget,
                                      block_class=block_class, source=source, front_points=front_points, save=save,
+                                     ops=ops,
                                      base=base if setting == spec.reshard_after_forward else None))
     options = _options(plans, _settings(spec.reshard_after_forward))
     picked = choose_setting([(o.chosen.recompute_flops, o.gathered_bytes) if o.chosen else None for o in options])

@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from graphmem.errors import UserInputError
-from graphmem.job.step import StepConfig
+from graphmem.job.step import StepConfig, split_save
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.step.optim import selective_policy
 
@@ -32,13 +32,17 @@ def checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iter
     paths = {id(m): name for name, m in model.named_modules()}
     modules = _modules_of(model, step.checkpoint)
     targets = _chosen(modules, step)
-    context = selective_policy(step.checkpoint_save) if step.checkpoint_save else None
+    index_of = {id(m): i for i, m in enumerate(modules)}
+    own = dict(step.checkpoint_save_in)
     # with --checkpoint-save-blocks, only those blocks are selective; the others are checkpointed whole
     selective = step.checkpoint_save_blocks
-    whole = {id(m) for i, m in enumerate(modules) if selective and i not in selective}
+    counted: list[tuple[nn.Module, Any]] = []  # submodules whose forwards are counted, and what they had
     for module in targets:
+        index = index_of[id(module)]
+        save = own.get(index, () if selective and index not in selective else step.checkpoint_save)
+        context = _context(module, index, save, counted) if save else None
         module.forward = functools.partial(_checkpoint_call, module.forward, paths.get(id(module), ""), recorder,
-                                           None if id(module) in whole else context)
+                                           context)
     # transformers' own gradient checkpointing turns the KV cache off while training (a cache
     # filled in the forward would be appended to again by every recompute); so does this
     config: Any = getattr(model, "config", None)
@@ -50,8 +54,45 @@ def checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iter
     finally:
         for module in targets:
             del module.forward
+        for submodule, before in reversed(counted):
+            if before is None:
+                del submodule.forward
+            else:
+                submodule.forward = before
         if cached:
             config.use_cache = cached
+
+
+def _context(block: nn.Module, index: int, save: tuple[str, ...], counted: list[tuple[nn.Module, Any]]
+             ) -> Callable[[], Any]:
+    """The selective ``context_fn`` of one block; a ``PATH:NAME`` save counts the forwards of the
+    block's submodule at PATH running (in forward and in the recompute alike).
+
+    Raises:
+        UserInputError: the block has no submodule at PATH.
+    """
+    inside: dict[str, list[int]] = {}
+    for path in dict.fromkeys(split_save(name)[0] for name in save):
+        if not path:
+            continue
+        try:
+            submodule = block.get_submodule(path)
+        except AttributeError:
+            names = ", ".join(name for name, _ in block.named_modules() if name) or "none"
+            raise UserInputError(f"--checkpoint-save: block {index} ({type(block).__name__}) has no submodule "
+                                 f"{path!r}; its submodules: {names}") from None
+        inside[path] = [0]
+        counted.append((submodule, submodule.__dict__.get("forward")))
+        submodule.forward = functools.partial(_counted, submodule.forward, inside[path])
+    return selective_policy(save, inside)
+
+
+def _counted(forward: Any, running: list[int], *args: Any, **kwargs: Any) -> Any:
+    running[0] += 1
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        running[0] -= 1
 
 
 def _modules_of(model: nn.Module, class_names: tuple[str, ...]) -> list[nn.Module]:

@@ -5,7 +5,7 @@ optimizer, autocast and loss code dispatch."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from graphmem._torch_api import tree_flatten
 from graphmem.errors import TraceError, UnsupportedError, UserInputError
-from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer
+from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer, split_save
 from graphmem.trace.rules import ops
 
 __all__ = ["make_optimizer", "find_logits", "compute_loss", "make_targets", "selective_policy"]
@@ -104,19 +104,19 @@ def _packets(names: Sequence[str]) -> frozenset[Any]:
     return frozenset(found)
 
 
-def selective_policy(save: Sequence[str]) -> Callable[[], Any]:
+def selective_policy(save: Sequence[str], inside: Mapping[str, Sequence[int]] | None = None) -> Callable[[], Any]:
     """The ``context_fn`` of torch.utils.checkpoint that saves the outputs of the ``save`` ops
     (``matmuls``, ``every-2nd-matmul``, ``attention`` or aten op names) and recomputes the rest,
-    with torch's own create_selective_checkpoint_contexts."""
+    with torch's own create_selective_checkpoint_contexts.  A name ``PATH:NAME`` keeps them only
+    while the block's submodule at PATH runs: ``inside[PATH]`` is a one-item counter of its
+    forwards running (checkpointing.py keeps it, in forward and in the recompute alike)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     matmuls = ops.MATMULS
-    every_second = "every-2nd-matmul" in save
-    chosen = set(_packets([n for n in save if n.startswith("aten.")]))
-    if "matmuls" in save:
-        chosen |= matmuls
-    if "attention" in save:
-        chosen |= ops.ATTENTION
+    anywhere = [n for n in save if not split_save(n)[0]]
+    every_second = "every-2nd-matmul" in anywhere
+    chosen = _chosen_packets(anywhere)
+    scoped = [((inside or {})[path], _chosen_packets([kind])) for path, kind in map(split_save, save) if path]
 
     def make() -> Any:
         counts = {"forward": 0, "recompute": 0}  # matmuls seen by this checkpoint call
@@ -128,8 +128,20 @@ def selective_policy(save: Sequence[str]) -> Callable[[], Any]:
                 counts[mode] += 1
                 if counts[mode] % 2 == 0:
                     return CheckpointPolicy.MUST_SAVE
-            return CheckpointPolicy.MUST_SAVE if packet in chosen else CheckpointPolicy.PREFER_RECOMPUTE
+            if packet in chosen or any(running[0] and packet in packets for running, packets in scoped):
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
 
         return create_selective_checkpoint_contexts(policy)
 
     return make
+
+
+def _chosen_packets(names: Sequence[str]) -> frozenset[Any]:
+    """The aten packets ``names`` keep: ``matmuls``, ``attention`` and aten op names."""
+    chosen = set(_packets([n for n in names if n.startswith("aten.")]))
+    if "matmuls" in names:
+        chosen |= ops.MATMULS
+    if "attention" in names:
+        chosen |= ops.ATTENTION
+    return frozenset(chosen)

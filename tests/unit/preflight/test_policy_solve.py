@@ -10,7 +10,8 @@ import random
 import pytest
 
 from graphmem.errors import UserInputError
-from graphmem.job.grammar import format_blocks, parse_blocks
+from graphmem.job.grammar import format_blocks, format_save_in, parse_blocks, parse_save_in
+from graphmem.job.job import make_job
 from graphmem.preflight.policy.composite import Composite, RunBound
 from graphmem.preflight.policy.solve import least_peak, least_recompute, pareto_front
 from graphmem.report.policy_file import torchtitan_settings
@@ -110,6 +111,27 @@ def test_block_lists() -> None:
     for bad in ("3-1", "1,1", "a", "-2"):
         with pytest.raises(UserInputError, match="--checkpoint-blocks"):
             parse_blocks(bad)
+
+
+def test_per_block_save_lists() -> None:
+    text = "0=attn.proj:matmuls;2-3=matmuls,attention"
+    parsed = parse_save_in(text)
+    assert parsed == ((0, ("attn.proj:matmuls",)), (2, ("matmuls", "attention")), (3, ("matmuls", "attention")))
+    assert format_save_in(parsed) == "0=attn.proj:matmuls;2-3=matmuls,attention"
+    assert parse_save_in("") == ()
+    for bad in ("0", "0=", "1=matmuls;1=attention", "x=matmuls"):
+        with pytest.raises(UserInputError):
+            parse_save_in(bad)
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"checkpoint_blocks": "0", "checkpoint_save_in": "1=matmuls"}, "among --checkpoint-blocks"),
+    ({"checkpoint_blocks": "0", "checkpoint_save_in": "0=proj:sofmax"}, "unknown proj:sofmax"),
+    ({"checkpoint_save": "proj:matmul"}, "unknown proj:matmul"),
+])
+def test_per_block_save_lists_are_checked(options: dict[str, str], problem: str) -> None:
+    with pytest.raises(UserInputError, match=problem):
+        make_job("x:Y", ["2x4"], checkpoint="Block", **options).step.validate()
 
 
 def test_torchtitan_settings() -> None:
