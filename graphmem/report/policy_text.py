@@ -61,6 +61,7 @@ def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
     return {"block_class": policy.block_class, "block_paths": list(policy.block_paths),
             "fits": chosen is not None,
             "chosen": choice_to_dict(chosen) if chosen is not None else None,
+            "per_block": choice_to_dict(policy.per_block) if policy.per_block is not None else None,
             "lowest": choice_to_dict(policy.lowest), "front": [choice_to_dict(c) for c in policy.front],
             "front_size": policy.front_size, "baseline_peak_bytes": policy.baseline_bytes,
             "torchtitan": torchtitan_settings((chosen or policy.lowest).blocks, policy.blocks,
