@@ -312,6 +312,10 @@ def _job_params(modes: Sequence[str], default_mode: str) -> list[click.Parameter
         click.Option(["--reshard-after-forward"], type=click.Choice(["default", "true", "false"]),
                      default="default", show_default=True,
                      help="With fsdp: fully_shard's reshard_after_forward (default: every unit but the root)."),
+        click.Option(["--fsdp-keep-units"], type=ParsedType("I[-J][,...]", parse_blocks, tuple), default="",
+                     help="With fsdp: these units (0-based, in the model's order; the root is none of them) keep "
+                          "their parameters after forward (reshard_after_forward=False), the others as "
+                          "--reshard-after-forward says: what graphmem plan --policy chooses unit by unit."),
         click.Option(["--mp-param-dtype"], type=click.Choice(MODEL_DTYPES), default=None,
                      help="With fsdp: MixedPrecisionPolicy param_dtype (the all-gathered parameters' dtype)."),
         click.Option(["--mp-reduce-dtype"], type=click.Choice(MODEL_DTYPES), default=None,
@@ -397,6 +401,7 @@ def job_from(options: Mapping[str, Any]) -> Job:
         ddp_bucket_mb=options["ddp_bucket_mb"], ddp_bucket_view=options["ddp_bucket_view"],
         nccl_buffer_mb=options["nccl_buffer_mb"],
         reshard_after_forward={"default": None, "true": True, "false": False}[options["reshard_after_forward"]],
+        fsdp_keep_units=options["fsdp_keep_units"],
         mp_param_dtype=options["mp_param_dtype"], mp_reduce_dtype=options["mp_reduce_dtype"],
         fsdp_units=options["fsdp_units"], tp_plan=options["tp_plan"], parallelize=options["parallelize"],
         microbatches=options["microbatches"], schedule=options["schedule"],

@@ -186,7 +186,8 @@ def make_job(model: str | ModelSource | None = None,
              preset: str | None = None, generate: str | GenerateSpec | None = None, batch: int = 1,
              parallel: str | ParallelSpec | None = None, ddp_bucket_mb: float = 25.0,
              ddp_bucket_view: bool = False, reshard_after_forward: bool | None = None,
-             mp_param_dtype: str | None = None, mp_reduce_dtype: str | None = None,
+             fsdp_keep_units: Sequence[int] | str = (), mp_param_dtype: str | None = None,
+             mp_reduce_dtype: str | None = None,
              fsdp_units: Sequence[str] | str = (), tp_plan: str | Mapping[str, Any] | None = None,
              parallelize: str | Callable[..., Any] | None = None, microbatches: int | None = None,
              schedule: str = "1f1b", nccl_buffer_mb: float = DEFAULT_NCCL_BUFFER_MB,
@@ -200,7 +201,8 @@ def make_job(model: str | ModelSource | None = None,
     ``generate`` is ``"P+N"`` (a P-token prompt, N new tokens) with ``batch`` sequences.
     ``parallel`` is ``"fsdp=8"``, ``"ddp=8"``, ``"ddp=2,fsdp=4"`` or ``"zero1=8"``
     (graphmem.job.parallel), with the engines' settings: DDP's ``bucket_cap_mb`` and
-    ``gradient_as_bucket_view``; FSDP2's ``reshard_after_forward``, MixedPrecisionPolicy
+    ``gradient_as_bucket_view``; FSDP2's ``reshard_after_forward`` (and ``fsdp_keep_units``, the
+    units, 0-based, that keep their parameters after forward whatever it says), MixedPrecisionPolicy
     dtypes and the classes of the modules sharded as units; with ``tp``, ``tp_plan`` (module
     name -> "colwise" / "rowwise" / ..., or ``"pkg.module:PLAN"``; default: the transformers
     model's own ``base_model_tp_plan``).  ``parallelize`` is your own
@@ -227,7 +229,8 @@ def make_job(model: str | ModelSource | None = None,
         generate = parse_generate(generate, batch)
     if isinstance(parallel, str):
         parallel = replace(parse_parallel(parallel), bucket_mb=ddp_bucket_mb, bucket_view=ddp_bucket_view,
-                           reshard_after_forward=reshard_after_forward, param_dtype=mp_param_dtype,
+                           reshard_after_forward=reshard_after_forward, keep_units=_blocks(fsdp_keep_units),
+                           param_dtype=mp_param_dtype,
                            reduce_dtype=mp_reduce_dtype, units=_class_names(fsdp_units), tp_plan=tp_plan,
                            parallelize=parallelize, microbatches=microbatches, schedule=schedule,
                            nccl_buffer_mb=nccl_buffer_mb)

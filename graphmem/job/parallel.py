@@ -56,6 +56,9 @@ class ParallelSpec:
         bucket_view: DDP's ``gradient_as_bucket_view``.
         reshard_after_forward: FSDP2's ``reshard_after_forward`` (None: its default, every
             unit but the root reshards).
+        keep_units: with fsdp, the units (0-based, in ``model.modules()`` order, the root not
+            among them) whose ``reshard_after_forward`` is False: they keep their unsharded
+            parameters from forward to backward, the others as ``reshard_after_forward`` says.
         param_dtype / reduce_dtype: FSDP2's MixedPrecisionPolicy (None: no policy).
         units: the classes of the modules FSDP2 shards as units; empty: the model's
             repeated blocks.
@@ -77,6 +80,7 @@ class ParallelSpec:
     bucket_mb: float = 25.0
     bucket_view: bool = False
     reshard_after_forward: bool | None = None
+    keep_units: tuple[int, ...] = ()
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     units: tuple[str, ...] = ()

@@ -67,6 +67,7 @@ class Setup:
     checkpoint_blocks: tuple[int, ...] = ()
     checkpoint_save_blocks: tuple[int, ...] = ()
     checkpoint_save_in: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    fsdp_keep_units: tuple[int, ...] = ()
     grad_accum: int = 1
     parallel: str | None = None
     world_size: int | None = None
@@ -98,6 +99,7 @@ def setup_of(job: Job) -> Setup:
                  checkpoint_save_blocks=step.checkpoint_save_blocks, checkpoint_save_in=step.checkpoint_save_in,
                  grad_accum=step.grad_accum,
                  parallel=job.parallel.text if job.parallel else None,
+                 fsdp_keep_units=job.parallel.keep_units if job.parallel else (),
                  world_size=job.parallel.world_size if job.parallel else None,
                  gpu=job.gpu if job.device == "cuda" else None,
                  alloc_conf=(conf or "") if job.device == "cuda" else "",
@@ -125,7 +127,9 @@ def setup_to_dict(setup: Setup, report: MemoryReport | None = None) -> dict[str,
             "grad_accum": setup.grad_accum if setup.training else None,
             "parallel": {"spec": setup.parallel, "world_size": setup.world_size,
                          "rank_shown": shown[0] if shown else None,
-                         "ranks_alike": list(shown[1]) if shown else None} if setup.parallel else None,
+                         "ranks_alike": list(shown[1]) if shown else None,
+                         **({"fsdp_keep_units": list(setup.fsdp_keep_units)} if setup.fsdp_keep_units else {})}
+            if setup.parallel else None,
             "alloc_conf": setup.alloc_conf if setup.gpu else None, "sdpa": setup.sdpa,
             "assume": dict(setup.assume), "assumptions": _assumptions(report)}
 
@@ -190,6 +194,10 @@ def _device_rows(setup: Setup, report: MemoryReport | None) -> list[list[str]]:
         alike = f" (ranks {_ranks_text(shown[1])} alike)" if shown and len(shown[1]) > 1 else ""
         rank = f"; the numbers are rank {shown[0]}'s, the highest peak{alike}" if shown else ""
         rows.append(["parallel", f"{setup.parallel} over {setup.world_size} GPUs{rank}"])
+        if setup.fsdp_keep_units:
+            units = format_blocks(setup.fsdp_keep_units)
+            rows.append(["FSDP2", f"unit {units} keeps its parameters after forward" if units.isdigit()
+                         else f"units {units} keep their parameters after forward"])
     if setup.assume:
         rows.append(["assumed", ", ".join(f"{name}={value}" for name, value in setup.assume)])
     return rows

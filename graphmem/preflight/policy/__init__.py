@@ -12,6 +12,8 @@ The rooms, each importing only those before it:
 - ``composite``: the peak of any per-block choice, from four recordings of the step (no block
   checkpointed, every block, every even one, every odd one), storage by storage.
 - ``solve``: the choice with the least recompute under a cap, as an integer program (PuLP's CBC).
+- ``finer``: inside the chosen blocks, the ops whose outputs could be kept, with what each saves
+  (search.py keeps them greedily where the budget leaves room, each step analysed).
 - ``gathers``: the bytes FSDP2 all-gathers in backward, from an analysed step.
 - ``search``: the recordings, the solver, and the analysis that verifies what it chose.
 - ``sharding``: under ``--parallel fsdp=N``, FSDP2's ``reshard_after_forward`` chosen with the

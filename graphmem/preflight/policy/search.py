@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,13 +26,14 @@ from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite, merge_composites
-from graphmem.preflight.policy.finer import keepable
+from graphmem.preflight.policy.finer import Keepable, keepable
 from graphmem.preflight.policy.gathers import backward_gather_bytes
 from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map
 
-__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job"]
+__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job",
+           "search_policy"]
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
 FRONT_SECONDS = 60  # the solver's time to prove each point of the front (solve.search_front)
@@ -156,6 +157,17 @@ class PolicyPlan:
 def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
                 source: ModelSource | None = None, front_points: int = FRONT_POINTS,
                 save: Sequence[str] = (), ops: bool = True) -> PolicyPlan:
+    """The checkpointing policy of ``job`` with the least recompute that fits ``budget``: see
+    search_policy (its arguments); ``ops``: then keep single ops' outputs inside the chosen
+    blocks while the budget leaves room (finer.py; each step analysed)."""
+    plan, refine = search_policy(job, budget, block_class=block_class, base=base, source=source,
+                                 front_points=front_points, save=save)
+    return refine() if ops else plan
+
+
+def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
+                  source: ModelSource | None = None, front_points: int = FRONT_POINTS,
+                  save: Sequence[str] = ()) -> tuple[PolicyPlan, Callable[[], PolicyPlan]]:
     """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
 
     Args:
@@ -167,11 +179,10 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         front_points: points of the front to analyse (the chosen and the lowest always are).
         save: ``--checkpoint-save`` names (``matmuls``, ``attention``, aten ops): each block may
             also be checkpointed selectively, keeping those ops' outputs (a third variant).
-        ops: then keep single ops' outputs inside the chosen blocks while the budget leaves room
-            (finer.py; each step analysed); False: the per-block answer.
 
     Returns:
-        The PolicyPlan (bytes; peaks analysed).
+        The PolicyPlan of the blocks (bytes; peaks analysed), and a function that gives it with
+        single ops' outputs kept inside the chosen blocks where the budget leaves room.
 
     Raises:
         UserInputError: the job is no training step, or its model has no blocks.
@@ -193,15 +204,20 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
         front = list(found.points) or [tuple([0] * len(paths))]
         verify = _Verifier(choices, composite, budget, base, done)
         made = _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
-        if ops and made.chosen is not None and made.chosen.blocks:
-            with progress.labelled("keeping single ops' outputs"):
-                finer = _finer(verify, paths, made.chosen)
-                if finer.kept:
-                    made = replace(made, chosen=finer, per_block=made.chosen, analyses=verify.analyses)
     stopped = () if found.complete else (
         f"the solver stopped after {FRONT_SECONDS} s looking for a peak below the front's last point (a lower one "
         "may exist; the choices shown are analysed)",)
-    return replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped)
+    plan = replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped)
+
+    def refine() -> PolicyPlan:
+        chosen = plan.chosen
+        if chosen is None or not chosen.blocks:
+            return plan
+        with progress.labelled("keeping single ops' outputs"):
+            finer = _finer(verify, paths, chosen)
+        return replace(plan, chosen=finer, per_block=chosen, analyses=verify.analyses) if finer.kept else plan
+
+    return plan, refine
 
 
 def policy_job(job: Job) -> tuple[Job, str | None]:
@@ -442,22 +458,31 @@ class _Verifier:
 
 
 def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) -> CheckpointChoice:
-    """``chosen`` with single ops' outputs kept in its checkpointed blocks (finer.py), the most
-    FLOPs per byte first, each kept where the analysis says the step still fits and recomputes
-    less; at most FINER_ANALYSES analyses, none for an item larger than the room left."""
+    """``chosen`` with single ops' outputs kept in its checkpointed blocks (finer.py): items of
+    the same name (``attn.proj:matmuls``), the most FLOPs per byte first, in as many blocks as
+    the room left holds (the earliest first), then in half as many while an analysis says the
+    step no longer fits or recomputes no less; at most FINER_ANALYSES analyses in all."""
     choice = _choice_of(chosen, len(paths))
+    groups: dict[str, list[Keepable]] = {}
+    for item in keepable(_train(verify.done[choice]), paths, choice):
+        groups.setdefault(item.name, []).append(item)
     own: dict[int, tuple[str, ...]] = {}
     tried = 0
-    for item in keepable(_train(verify.done[choice]), paths, choice):
-        if tried >= FINER_ANALYSES:
-            break
-        if item.nbytes > verify.budget.cap_bytes - chosen.peak_bytes:
-            continue
-        trial = {**own, item.block: (*own.get(item.block, verify.choices.names_of(choice, item.block)), item.name)}
-        made = verify.kept_choice(choice, trial)
-        tried += 1
-        if made.fits and made.recompute_flops < chosen.recompute_flops:
-            own, chosen = trial, made
+    for name, members in groups.items():
+        members = sorted(members, key=lambda m: m.block)
+        size = max(max(m.nbytes for m in members), 1)
+        count = min(len(members), (verify.budget.cap_bytes - chosen.peak_bytes) // size)
+        while count >= 1 and tried < FINER_ANALYSES:
+            trial = dict(own)
+            for member in members[:count]:
+                trial[member.block] = (*trial.get(member.block, verify.choices.names_of(choice, member.block)), name)
+            made = verify.kept_choice(choice, trial)
+            tried += 1
+            if made.fits and made.recompute_flops < chosen.recompute_flops:
+                own, chosen, members = trial, made, members[count:]
+                count = min(len(members), (verify.budget.cap_bytes - chosen.peak_bytes) // size)
+            else:
+                count //= 2
     return chosen
 
 

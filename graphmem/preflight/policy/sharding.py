@@ -20,7 +20,9 @@ so that communication mostly overlaps compute, and a recomputed forward never do
 reported as it is (FLOPs, bytes); neither is converted into the other.  Since the recompute is
 least per setting (solve.py) and the communication depends only on the setting, the least over
 the settings of (recompute, bytes) is the least over every pair of setting and blocks
-(tests/unit/preflight/test_policy_sharding.py checks it against exhaustive search).
+(tests/unit/preflight/test_policy_sharding.py checks it against exhaustive search).  Single ops'
+outputs are then kept inside the chosen blocks (finer.py) under the setting taken only: that
+lowers its recompute and never raises it, so the setting stays the one to take.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, Sharding, ShardingOption, make_policy
+from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, Sharding, ShardingOption, search_policy
 from graphmem.preflight.search import Prediction
 
 __all__ = ["Sharding", "ShardingOption", "choose_setting", "make_sharded_policy"]
@@ -65,19 +67,23 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     """
     spec = job.parallel
     assert spec is not None, "make_sharded_policy: a --parallel job"
-    plans = []
+    plans, refines = [], []
     for setting in _settings(spec.reshard_after_forward):
         label = {None: "parameters resharded after forward", False: "parameters kept after forward",
                  True: "every unit resharded after forward"}[setting]
         with progress.labelled(label):
-            plans.append(make_policy(replace(job, parallel=replace(spec, reshard_after_forward=setting)), budget,
-                                     block_class=block_class, source=source, front_points=front_points, save=save,
-                                     ops=ops,
-                                     base=base if setting == spec.reshard_after_forward else None))
+            plan, refine = search_policy(replace(job, parallel=replace(spec, reshard_after_forward=setting)), budget,
+                                         block_class=block_class, source=source, front_points=front_points, save=save,
+                                         base=base if setting == spec.reshard_after_forward else None)
+            plans.append(plan)
+            refines.append(refine)
     options = _options(plans, _settings(spec.reshard_after_forward))
     picked = choose_setting([(o.chosen.recompute_flops, o.gathered_bytes) if o.chosen else None for o in options])
     if picked is None:  # nothing fits: the setting with the lowest peak
         picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
+    elif ops:  # single ops' outputs kept in the setting taken only: they lower its recompute, never raise it
+        plans[picked] = refines[picked]()
+        options = _options(plans, _settings(spec.reshard_after_forward))
     given = _settings(spec.reshard_after_forward).index(spec.reshard_after_forward)
     return replace(plans[picked], baseline_bytes=plans[given].baseline_bytes, sharding=Sharding(
         parallel=spec.text, units=_units(job, source), param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype,

@@ -76,8 +76,13 @@ def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
         param_dtype=parse_dtype(spec.param_dtype) if spec.param_dtype else None,
         reduce_dtype=parse_dtype(spec.reduce_dtype) if spec.reduce_dtype else None)
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward, "mp_policy": policy}
-    for module in [m for m in model.modules() if type(m).__name__ in units and m is not model]:
-        fully_shard(module, **kwargs)
+    modules = [m for m in model.modules() if type(m).__name__ in units and m is not model]
+    past = [i for i in spec.keep_units if i >= len(modules)]
+    if past:
+        raise UserInputError(f"--fsdp-keep-units: no unit {', '.join(map(str, past))}; the model has {len(modules)} "
+                             f"FSDP2 units ({', '.join(units)}: 0 to {len(modules) - 1})")
+    for index, module in enumerate(modules):
+        fully_shard(module, **{**kwargs, **({"reshard_after_forward": False} if index in spec.keep_units else {})})
     fully_shard(model, **kwargs)
     return model
 
