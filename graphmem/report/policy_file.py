@@ -207,12 +207,12 @@ def _summary(policy: PolicyPlan, chosen: CheckpointChoice, described: str) -> st
         f"As given (no block checkpointed): {policy.baseline_bytes:,} B ({format_bytes(policy.baseline_bytes)}).",
         f"Recomputed: {chosen.recompute_flops:,} FLOPs over the two recorded iterations "
         f"({chosen.extra_compute:+.1%} of the step's FLOPs).",
-        *_sharding_lines(policy),
+        *_sharding_lines(policy, chosen),
         f"Check it: graphmem analyze ... {options_of(policy, chosen)}",
     ])
 
 
-def _sharding_lines(policy: PolicyPlan) -> list[str]:
+def _sharding_lines(policy: PolicyPlan, chosen: CheckpointChoice) -> list[str]:
     """Under --parallel fsdp=N: whose peak it is, and what keeping the parameters saves."""
     sharding = policy.sharding
     if sharding is None:
@@ -223,6 +223,9 @@ def _sharding_lines(policy: PolicyPlan) -> list[str]:
                f"({format_bytes(kept.saved_bytes)}) less all-gathered per rank per step.")
     elif sharding.reshard_after_forward is False:
         how = "every FSDP2 unit keeps its parameters after forward (as given)."
+    elif sharding.reshard_after_forward is None and chosen.keep_units:
+        how = (f"FSDP2's units reshard after forward but units {_spec(chosen.keep_units)}, which keep their "
+               "parameters (KEEP_UNITS).")
     elif sharding.reshard_after_forward is None:
         how = "FSDP2's units reshard after forward (its default: every unit but the root)."
     else:
@@ -243,6 +246,8 @@ def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
         text += f" --parallel {sharding.parallel}"
         if sharding.reshard_after_forward is not None:
             text += f" --reshard-after-forward {str(sharding.reshard_after_forward).lower()}"
+        if chosen.keep_units:
+            text += f" --fsdp-keep-units {_spec(chosen.keep_units)}"
     return text.strip() or "(as given)"
 
 
@@ -288,7 +293,7 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
     if policy.transformers:
         text += _TRANSFORMERS.format()
     if policy.sharding is not None:
-        text += _fsdp_text(policy.sharding)
+        text += _fsdp_text(policy.sharding, chosen)
     return text
 
 
@@ -300,6 +305,9 @@ FSDP_UNITS = {units!r}
 # True: a unit frees its unsharded parameters after forward and all-gathers them again in backward;
 # False: it keeps them until its backward; None: FSDP2's default (every unit but the root reshards)
 RESHARD_AFTER_FORWARD = {reshard!r}
+# these units (0-based, in model.modules() order among FSDP_UNITS) keep their parameters after forward
+# whatever RESHARD_AFTER_FORWARD says (graphmem's --fsdp-keep-units)
+KEEP_UNITS = {keep!r}
 PARAM_DTYPE = {param!r}  # MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...); None: the parameters' own
 REDUCE_DTYPE = {reduce!r}
 # torchtitan: its job config's [parallelism] fsdp_reshard_after_forward = "{titan}" says the same of
@@ -318,15 +326,16 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     kwargs = {{"mesh": mesh, "reshard_after_forward": RESHARD_AFTER_FORWARD,
               "mp_policy": MixedPrecisionPolicy(param_dtype=dtype(PARAM_DTYPE), reduce_dtype=dtype(REDUCE_DTYPE))}}
     units = [m for m in model.modules() if m is not model and type(m).__name__ in FSDP_UNITS]
-    for unit in units:
-        fully_shard(unit, **kwargs)
+    for index, unit in enumerate(units):
+        fully_shard(unit, **{{**kwargs, **({{"reshard_after_forward": False}} if index in KEEP_UNITS else {{}})}})
     fully_shard(model, **kwargs)
     return model
 '''
 
 
-def _fsdp_text(sharding: Sharding) -> str:
+def _fsdp_text(sharding: Sharding, chosen: CheckpointChoice) -> str:
     """The module's FSDP2 part: the units, reshard_after_forward, apply_fsdp(model, mesh)."""
     return _FSDP.format(parallel=sharding.parallel, units=tuple(sharding.units),
-                        reshard=sharding.reshard_after_forward, param=sharding.param_dtype,
+                        reshard=sharding.reshard_after_forward, keep=tuple(chosen.keep_units),
+                        param=sharding.param_dtype,
                         reduce=sharding.reduce_dtype, titan=torchtitan_reshard(sharding.reshard_after_forward))

@@ -41,6 +41,7 @@ def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
             "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits,
             "gathered_bytes": choice.gathered_bytes,
             "kept": {str(block): list(names) for block, names in choice.kept},
+            "keep_units": list(choice.keep_units), "fsdp_keep_units": format_blocks(choice.keep_units),
             "checkpoint_save_in": format_save_in(choice.kept)}
 
 
@@ -102,6 +103,11 @@ def _ops_kept(chosen: CheckpointChoice) -> str:
 def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     """``, FSDP2 keeping ...`` where the plan keeps the units' parameters after forward."""
     sharding = policy.sharding
+    chosen = policy.chosen
+    if sharding is not None and chosen is not None and chosen.keep_units:
+        default = (policy.per_block or chosen).gathered_bytes
+        return (f", FSDP2 units {format_blocks(chosen.keep_units)} keeping their parameters after forward "
+                f"({fmt(default - chosen.gathered_bytes)} less all-gathered per rank per step)")
     if sharding is None or sharding.reshard_after_forward is not False:
         return ""
     saved = next(o.saved_bytes for o in sharding.options if o.reshard_after_forward is False)
@@ -119,7 +125,8 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
     rows = []
     for option in sharding.options:
         made = option.chosen or option.lowest
-        rows.append([_SETTING[option.reshard_after_forward], _blocks(made), fmt(made.peak_bytes),
+        units = f"; units {format_blocks(made.keep_units)} kept" if made.keep_units else ""
+        rows.append([_SETTING[option.reshard_after_forward] + units, _blocks(made), fmt(made.peak_bytes),
                      f"{made.recompute_flops:,}", fmt(option.gathered_bytes),
                      "yes" if option.chosen else "no (lowest peak)",
                      "<- chosen" if option.reshard_after_forward == sharding.reshard_after_forward else ""])

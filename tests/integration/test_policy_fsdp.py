@@ -5,7 +5,9 @@ its apply_fsdp with the reshard_after_forward chosen) run for real over 2 gloo r
 The GPT of docs/preflight.md (examples/gpt.py, 4 blocks of dim 64, vocab 500, batch 2 x 64):
 at 6,200,000 B nothing needs checkpointing whether the blocks keep their parameters after forward
 or not, so the plan keeps them (no all-gather in backward); at 5,000,000 B keeping them would cost
-three blocks' recompute where resharding costs one, so the plan reshards (FSDP2's default).
+three blocks' recompute where resharding costs one, so the plan reshards (FSDP2's default); at
+5,900,000 B the blocks reshard with none checkpointed, and the last two units keep their
+parameters (--fsdp-keep-units 2-3: the room left holds two units' unsharded parameters).
 """
 
 from __future__ import annotations
@@ -60,20 +62,24 @@ def shard_with_policy(model: Any, mesh: Any) -> Any:
 
 @needs("pulp")
 @pytest.mark.slow  # the plan (two settings, each 4 recordings and its analyses) and a real 2-rank run: ~1 min
-@pytest.mark.parametrize("budget, keeps, blocks", [
-    pytest.param(6_200_000, True, (), marks=extended("the budget where the blocks reshard and one is checkpointed "
-                                                     "runs by default")),
-    (5_000_000, False, (0,))])
+@pytest.mark.parametrize("budget, keeps, blocks, units", [
+    pytest.param(6_200_000, True, (), (), marks=extended("the budget where the last units keep their parameters "
+                                                         "runs by default")),
+    pytest.param(5_000_000, False, (0,), (), marks=extended("the budget where the last units keep their "
+                                                             "parameters runs by default")),
+    (5_900_000, False, (), (2, 3))])
 def test_emitted_policy_under_real_fsdp2_has_the_verified_peak_and_fits(
-        budget: int, keeps: bool, blocks: tuple[int, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        budget: int, keeps: bool, blocks: tuple[int, ...], units: tuple[int, ...], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     job = make_job(str(ROOT / "examples" / "gpt.py") + ":GPT", "2x64:int64", mode="train", loss="cross_entropy",
                    kwargs=_KWARGS, parallel="fsdp=2")
     plan = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
     assert plan is not None and plan.chosen is not None and plan.sharding is not None
     assert plan.chosen.blocks == blocks and (plan.sharding.reshard_after_forward is False) == keeps
+    assert plan.chosen.keep_units == units
     # what keeping saves: every block's unsharded fp32 parameters, all-gathered again in backward
     saved = {o.reshard_after_forward: o.saved_bytes for o in plan.sharding.options}
-    assert saved == {None: 0, False: 4 * _BLOCK_PARAMS * 4}
+    assert saved == {None: len(units) * _BLOCK_PARAMS * 4, False: 4 * _BLOCK_PARAMS * 4}
     path = tmp_path / "policy.py"
     path.write_text(render_policy_module(plan, "test"), encoding="utf-8")
     monkeypatch.setenv(_EMITTED, str(path))

@@ -59,6 +59,8 @@ class CheckpointChoice:
         kept: blocks that keep outputs op by op (finer.py), each with every output it keeps
             (``--checkpoint-save`` names: ``attn.proj:matmuls``), as ``--checkpoint-save-in``
             takes them; they are not in ``selective``.
+        keep_units: with ``--parallel fsdp=N``, FSDP2 units (the blocks) that keep their
+            parameters after forward where the setting reshards the others (--fsdp-keep-units).
     """
 
     blocks: tuple[int, ...]
@@ -70,6 +72,7 @@ class CheckpointChoice:
     fits: bool
     gathered_bytes: int = 0
     kept: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    keep_units: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +165,12 @@ def make_policy(job: Job, budget: Budget, *, block_class: str | None = None, bas
     blocks while the budget leaves room (finer.py; each step analysed)."""
     plan, refine = search_policy(job, budget, block_class=block_class, base=base, source=source,
                                  front_points=front_points, save=save)
-    return refine() if ops else plan
+    return refine(ops, False) if ops else plan
 
 
 def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
                   source: ModelSource | None = None, front_points: int = FRONT_POINTS,
-                  save: Sequence[str] = ()) -> tuple[PolicyPlan, Callable[[], PolicyPlan]]:
+                  save: Sequence[str] = ()) -> tuple[PolicyPlan, Callable[[bool, bool], PolicyPlan]]:
     """The checkpointing policy of ``job`` with the least recompute that fits ``budget``.
 
     Args:
@@ -194,6 +197,7 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
         raise AssertionError(f"make_policy: the job's model must be resolved, got {source!r}")
     model = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
     cls, paths = _blocks(job, model, block_class)
+    units_are_blocks = job.parallel is not None and _units_of(model, job) == (cls,)
     _check_save(save)
     choices = _Choices(policy_job(job)[0], cls, tuple(save))
     with progress.labelled("checkpointing policy"):
@@ -209,13 +213,20 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
         "may exist; the choices shown are analysed)",)
     plan = replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped)
 
-    def refine() -> PolicyPlan:
+    def refine(ops: bool = True, keep: bool = False) -> PolicyPlan:
         chosen = plan.chosen
-        if chosen is None or not chosen.blocks:
+        if chosen is None:
             return plan
-        with progress.labelled("keeping single ops' outputs"):
-            finer = _finer(verify, paths, chosen)
-        return replace(plan, chosen=finer, per_block=chosen, analyses=verify.analyses) if finer.kept else plan
+        finer = chosen
+        if ops and chosen.blocks:
+            with progress.labelled("keeping single ops' outputs"):
+                finer = _finer(verify, paths, finer)
+        if keep and units_are_blocks:
+            with progress.labelled("keeping some units' parameters"):
+                finer = _keep_units(verify, len(paths), finer)
+        if finer == chosen:
+            return plan
+        return replace(plan, chosen=finer, per_block=chosen, analyses=verify.analyses)
 
     return plan, refine
 
@@ -302,19 +313,25 @@ class _Choices:
     def variants(self) -> int:
         return 3 if self.save else 2
 
-    def job_of(self, choice: Sequence[int], kept: Mapping[int, tuple[str, ...]] | None = None) -> Job:
+    def job_of(self, choice: Sequence[int], kept: Mapping[int, tuple[str, ...]] | None = None,
+               keep_units: tuple[int, ...] = ()) -> Job:
         """The job with ``choice`` applied, as --checkpoint-blocks (--checkpoint-save-blocks) say;
-        ``kept``: blocks that keep these outputs instead (--checkpoint-save-in)."""
+        ``kept``: blocks that keep these outputs instead (--checkpoint-save-in); ``keep_units``:
+        FSDP2 units that keep their parameters after forward (--fsdp-keep-units)."""
+        job = self.job
+        if keep_units:
+            assert job.parallel is not None, "job_of: units to keep under --parallel fsdp=N"
+            job = replace(job, parallel=replace(job.parallel, keep_units=keep_units))
         blocks = [i for i, v in enumerate(choice) if v]
         if not blocks:
-            return self.job
+            return job
         own = dict(kept or {})
         selective = [i for i, v in enumerate(choice) if v == 2 and i not in own]
         extra: dict[str, Any] = {"checkpoint_save_in": own} if own else {}
         if not selective:
-            return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, **extra)
-        return self.job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, checkpoint_save=list(self.save),
-                                checkpoint_save_blocks=selective, **extra)
+            return job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, **extra)
+        return job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, checkpoint_save=list(self.save),
+                           checkpoint_save_blocks=selective, **extra)
 
     def names_of(self, choice: Sequence[int], block: int) -> tuple[str, ...]:
         """The outputs ``block`` keeps in ``choice`` (the ``save`` names where selective)."""
@@ -421,7 +438,7 @@ class _Verifier:
         # on a GPU, what the budget compares besides the tensors: the CUDA context, NCCL's buffers
         self.outside = footprint_of(base.report, "train").outside_bytes
         self.done: dict[tuple[int, ...], Prediction] = dict(done)
-        self.finer: dict[tuple[tuple[int, ...], tuple[tuple[int, tuple[str, ...]], ...]], Prediction] = {}
+        self.finer: dict[tuple[tuple[int, ...], Any], Prediction] = {}
         self.analyses = 0  # made here, to verify
 
 
@@ -435,17 +452,20 @@ class _Verifier:
         self.analyse([choice])
         return self._made(choice, self.done[choice], {})
 
-    def kept_choice(self, choice: tuple[int, ...], kept: Mapping[int, tuple[str, ...]]) -> CheckpointChoice:
-        """``choice`` with the blocks of ``kept`` keeping those outputs, analysed."""
-        key = tuple(sorted(kept.items()))
+    def kept_choice(self, choice: tuple[int, ...], kept: Mapping[int, tuple[str, ...]],
+                    keep_units: tuple[int, ...] = ()) -> CheckpointChoice:
+        """``choice`` with the blocks of ``kept`` keeping those outputs (and the FSDP2 units of
+        ``keep_units`` their parameters), analysed."""
+        key = (tuple(sorted(kept.items())), keep_units)
         if (choice, key) not in self.finer:
-            self.finer[choice, key] = _analyse_all([(self.choices.job_of(choice, kept),
-                                                     f"analysing {self.choices.label(choice)} with outputs kept")])[0]
+            what = "outputs kept" if not keep_units else "parameters kept in some units"
+            self.finer[choice, key] = _analyse_all([(self.choices.job_of(choice, kept, keep_units),
+                                                     f"analysing {self.choices.label(choice)} with {what}")])[0]
             self.analyses += 1
-        return self._made(choice, self.finer[choice, key], kept)
+        return self._made(choice, self.finer[choice, key], kept, keep_units)
 
-    def _made(self, choice: tuple[int, ...], made: Prediction, kept: Mapping[int, tuple[str, ...]]
-              ) -> CheckpointChoice:
+    def _made(self, choice: tuple[int, ...], made: Prediction, kept: Mapping[int, tuple[str, ...]],
+              keep_units: tuple[int, ...] = ()) -> CheckpointChoice:
         recompute = _train(made).recompute_flops
         return CheckpointChoice(blocks=_blocks_of(choice),
                                 selective=tuple(i for i, v in enumerate(choice) if v == 2 and i not in kept),
@@ -454,7 +474,7 @@ class _Verifier:
                                 extra_compute=recompute / self.flops if self.flops else 0.0,
                                 fits=self.budget.fits(made.peak_bytes),
                                 gathered_bytes=backward_gather_bytes(_train(made)),
-                                kept=tuple(sorted(kept.items())))
+                                kept=tuple(sorted(kept.items())), keep_units=keep_units)
 
 
 def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) -> CheckpointChoice:
@@ -484,6 +504,40 @@ def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) ->
             else:
                 count //= 2
     return chosen
+
+
+def _keep_units(verify: _Verifier, n: int, chosen: CheckpointChoice) -> CheckpointChoice:
+    """``chosen`` (its FSDP2 units resharding after forward) with the last units keeping their
+    parameters instead, as many as the room left holds by the bytes each all-gathers again in
+    backward, fewer (halved) while an analysis says the step no longer fits; then more while it
+    fits; each kept unit all-gathers its parameters once per step instead of twice.  At most
+    FINER_ANALYSES analyses."""
+    size = chosen.gathered_bytes // n if n else 0
+    if size <= 0:
+        return chosen
+    choice = _choice_of(chosen, n)
+    kept = dict(chosen.kept)
+    count = min(n, (verify.budget.cap_bytes - chosen.peak_bytes) // size)
+    failed = n + 1  # the fewest units found not to fit
+    for _ in range(FINER_ANALYSES):
+        if count < 1 or count >= failed or count <= len(chosen.keep_units):
+            break
+        made = verify.kept_choice(choice, kept, tuple(range(n - count, n)))
+        if made.fits and made.gathered_bytes < chosen.gathered_bytes:
+            chosen = made
+            count = min(n, count + (verify.budget.cap_bytes - made.peak_bytes) // size)
+        else:
+            failed = count
+            count = (len(chosen.keep_units) + count) // 2
+    return chosen
+
+
+def _units_of(model: nn.Module, job: Job) -> tuple[str, ...]:
+    """The classes FSDP2 shards as units in ``job`` (graphmem.trace.distributed.fsdp's rule)."""
+    from graphmem.trace import fsdp_units
+
+    assert job.parallel is not None, "_units_of: a --parallel job"
+    return tuple(fsdp_units(model, job.parallel))
 
 
 def _blocks_of(choice: Sequence[int]) -> tuple[int, ...]:

@@ -81,8 +81,10 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     picked = choose_setting([(o.chosen.recompute_flops, o.gathered_bytes) if o.chosen else None for o in options])
     if picked is None:  # nothing fits: the setting with the lowest peak
         picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
-    elif ops:  # single ops' outputs kept in the setting taken only: they lower its recompute, never raise it
-        plans[picked] = refines[picked]()
+    else:  # refined in the setting taken only: single ops' outputs lower its recompute, never raise it, and
+        # units that keep their parameters (where the others reshard) its communication
+        keep = spec.reshard_after_forward is None and _settings(None)[picked] is None
+        plans[picked] = refines[picked](ops, keep)
         options = _options(plans, _settings(spec.reshard_after_forward))
     given = _settings(spec.reshard_after_forward).index(spec.reshard_after_forward)
     return replace(plans[picked], baseline_bytes=plans[given].baseline_bytes, sharding=Sharding(
@@ -92,7 +94,9 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
 
 def _options(plans: Sequence[PolicyPlan], settings: Sequence[bool | None]) -> list[ShardingOption]:
     gathered = [(p.chosen or p.lowest).gathered_bytes for p in plans]
-    default = gathered[settings.index(None)] if None in settings else max(gathered)
+    # FSDP2's default, every unit resharding (before some units were chosen to keep their parameters)
+    plain = [(p.per_block or p.chosen or p.lowest).gathered_bytes for p in plans]
+    default = plain[settings.index(None)] if None in settings else max(plain)
     return [ShardingOption(setting, plan.chosen, plan.lowest, nbytes, max(default - nbytes, 0))
             for setting, plan, nbytes in zip(settings, plans, gathered, strict=True)]
 
