@@ -50,3 +50,35 @@ def test_the_emitted_module_shards_as_analysed() -> None:
     exec(compile(render_policy_module(_plan(), "test"), "policy.py", "exec"), namespace)
     assert namespace["RESHARD_AFTER_FORWARD"] is False and namespace["FSDP_UNITS"] == ("Block",)
     assert namespace["TORCHTITAN_FSDP_RESHARD_AFTER_FORWARD"] == "never" and callable(namespace["apply_fsdp"])
+
+
+# at 5900000B: the units reshard, none checkpointed, and the last two keep their parameters; block 0
+# keeping its qkv output is made up here, to show both refinements in one plan
+_UNITS_KEPT = CheckpointChoice((0,), (), 5_782_616, 5_379_032, 1_000, 0.01, True, _GATHERED // 2,
+                               kept=((0, ("qkv:matmuls",)),), keep_units=(2, 3))
+_PER_BLOCK = CheckpointChoice((0,), (), 5_700_000, 5_379_032, 2_000, 0.02, True, _GATHERED)
+
+
+def _refined() -> PolicyPlan:
+    sharding = Sharding("fsdp=2", ("Block",), None, None, None, (
+        ShardingOption(None, _UNITS_KEPT, _RESHARDED, _GATHERED // 2, _GATHERED // 2),
+        ShardingOption(False, _KEPT_LOWEST, _KEPT_LOWEST, 0, _GATHERED)))
+    return PolicyPlan("Block", tuple(f"blocks.{i}" for i in range(4)), Budget(5_900_000, Fraction(0), "5900000B"),
+                      _UNITS_KEPT, _KEPT_LOWEST, (_PER_BLOCK, _KEPT_LOWEST), 2, 5_383_128, True, (), False, "CBC", 4,
+                      5, sharding=sharding, per_block=_PER_BLOCK)
+
+
+def test_units_keeping_their_parameters_and_ops_kept_are_said_everywhere() -> None:
+    plan = _refined()
+    assert options_of(plan, _UNITS_KEPT) == ("--checkpoint Block --checkpoint-blocks 0 --checkpoint-save-in "
+                                             "0=qkv:matmuls --parallel fsdp=2 --fsdp-keep-units 2-3")
+    text = " ".join(policy_section(plan, lambda n: f"{n:,} B").split())
+    assert "FSDP2 units 2-3 keeping their parameters after forward (399,872 B less all-gathered" in text
+    assert "resharded (FSDP2's default); units 2-3 kept" in text
+    assert "<- chosen: the row above, keeping single ops' outputs" in text
+    chosen = policy_to_dict(plan)["chosen"]
+    assert chosen["fsdp_keep_units"] == "2-3" and chosen["checkpoint_save_in"] == "0=qkv:matmuls"
+    namespace: dict[str, object] = {}
+    exec(compile(render_policy_module(plan, "test"), "policy.py", "exec"), namespace)
+    assert namespace["KEEP_UNITS"] == (2, 3) and namespace["RESHARD_AFTER_FORWARD"] is None
+    assert namespace["KEPT"] == {0: (("qkv", ("aten.addmm", "aten.baddbmm", "aten.bmm", "aten.mm")),)}
