@@ -71,6 +71,8 @@ def keepable(mode: ModeReport, paths: Sequence[str], choice: Sequence[int]) -> l
             continue
         block, inside = found
         kind = _kind(op.op)
+        if kind not in ("matmuls", "attention") and not kind.startswith("aten."):
+            continue  # another library's op: --checkpoint-save names aten ops only
         key = (block, f"{inside}:{kind}" if inside else kind)
         flops[key] += op.flops
         nbytes[(*key, op.iteration)] += sum(sizes.get(sid, 0) for sid in op.outputs)
