@@ -356,14 +356,16 @@ def _measure_vit(build: Callable[[], nn.Module], **options: Any) -> int:
     return measure_training(build, [], OPTIMIZERS["adamw"], "auto", kw_inputs=kw, **options).peak_bytes
 
 
-def test_vit_emitted_policy_run_for_real_has_the_verified_peak_and_fits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", [0, *(pytest.param(k, marks=extended("the ViT's first budget runs by default"))
+                                      for k in (1, 2))])
+def test_vit_emitted_policy_run_for_real_has_the_verified_peak_and_fits(which: int, tmp_path: Path) -> None:
     """65 tokens of 32 features, 3 ViTLayers: the activations outweigh the parameters and AdamW's
-    state, so checkpointing moves the peak. The budget is three quarters of the way from the real
-    peak with every layer checkpointed to the one with none."""
+    state, so checkpointing moves the peak. The budgets are _between's, from the real peaks with
+    every layer checkpointed and with none."""
     none = _measure_vit(build_vit)
     every = _measure_vit(build_vit, checkpoint_classes=("ViTLayer",), checkpoint_blocks=(0, 1, 2))
     assert every < none
-    budget = every + (none - every) * 3 // 4
+    budget = _between(none, every)[which]
     job = make_job(build_vit, ("pixel_values=2x3x32x32", "labels=2:int64"), mode="train", optimizer="adamw",
                    loss="auto")
     made = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
