@@ -96,6 +96,14 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
             f"fits{_ops_kept(chosen)}. Run it: {options_of(policy, chosen)}")
 
 
+def _refined(chosen: CheckpointChoice) -> str:
+    """What the greedy steps added to a point of the front: ops' outputs, units' parameters."""
+    units = format_blocks(chosen.keep_units)
+    return " and ".join(([] if not chosen.kept else ["keeping single ops' outputs"])
+                        + ([] if not units else [f"unit{'s' if not units.isdigit() else ''} {units} keeping "
+                                                 "parameters"]))
+
+
 def _ops_kept(chosen: CheckpointChoice) -> str:
     return " block by block, then single ops' outputs kept where the budget leaves room" if chosen.kept else ""
 
@@ -150,8 +158,8 @@ def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     for point in policy.front:
         if base is None or point != base:
             rows.append(row(point, ""))
-        elif chosen is not None and chosen.kept:
-            rows += [row(point, ""), row(chosen, "<- chosen: the row above, keeping single ops' outputs")]
+        elif chosen is not None and (chosen.kept or chosen.keep_units):
+            rows += [row(point, ""), row(chosen, f"<- chosen: the row above, {_refined(chosen)}")]
         else:
             rows.append(row(point, "<- chosen"))
     shown = (f"{len(policy.front)} points, all analysed" if len(policy.front) == policy.front_size

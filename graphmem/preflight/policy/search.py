@@ -129,8 +129,9 @@ class PolicyPlan:
             the aten ops they name.
         sharding: with ``--parallel fsdp=N``, FSDP2's settings searched with the blocks and the
             one chosen (graphmem.preflight.policy.sharding); None on one device.
-        per_block: where ``chosen`` keeps single ops' outputs (its ``kept``), the per-block
-            answer it started from (a point of the front); None otherwise.
+        per_block: where ``chosen`` keeps single ops' outputs (its ``kept``) or some FSDP2 units
+            their parameters (``keep_units``), the per-block answer it started from (a point of
+            the front); None otherwise.
     """
 
     block_class: str
