@@ -24,7 +24,10 @@ def _blocks(choice: CheckpointChoice) -> str:
     own = dict(choice.kept)
     whole = format_blocks([b for b in choice.blocks if b not in choice.selective and b not in own])
     kept = format_blocks(choice.selective)
-    finer = [f"{block} keeping {', '.join(names)}" for block, names in choice.kept]
+    grouped: dict[tuple[str, ...], list[int]] = {}
+    for block, names in choice.kept:
+        grouped.setdefault(tuple(names), []).append(block)
+    finer = [f"{format_blocks(blocks)} keeping {', '.join(names)}" for names, blocks in grouped.items()]
     parts = (f"{whole} whole" if whole and (kept or finer) else whole, f"{kept} selective" if kept else "", *finer)
     return "; ".join(p for p in parts if p) or "none"
 
