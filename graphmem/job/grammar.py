@@ -221,7 +221,11 @@ def parse_save_in(text: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
         if not equals or not saved:
             raise UserInputError(f"--checkpoint-save-in: {group!r} is not BLOCKS=NAMES; expected e.g. "
                                  "0=attn.proj:matmuls;2-3=matmuls,attention")
-        for block in parse_blocks(blocks):
+        try:
+            chosen = parse_blocks(blocks)
+        except UserInputError as exc:
+            raise UserInputError(f"--checkpoint-save-in: {group!r}: {str(exc).split(': ', 1)[1]}") from None
+        for block in chosen:
             if block in found:
                 raise UserInputError(f"--checkpoint-save-in: block {block} is given twice")
             found[block] = saved
