@@ -14,6 +14,7 @@ The text imports only torch; it is checked by running it (tests/integration/test
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pprint import pformat
 from typing import TYPE_CHECKING
 
 from graphmem.units import format_bytes
@@ -87,7 +88,7 @@ SELECTIVE = {selective!r}
 SAVE_OPS = {save_ops!r}
 # blocks that keep outputs op by op (--checkpoint-save-in {save_in}): block -> (submodule path inside
 # the block, "" for the whole block; the aten ops whose outputs it keeps while that submodule runs)
-KEPT = {kept!r}
+KEPT = {kept}
 '''
 
 _BODY = '''
@@ -268,6 +269,11 @@ def kept_ops(kept: Sequence[tuple[int, Sequence[str]]]) -> dict[int, tuple[tuple
             for block, names in kept}
 
 
+def _kept_text(kept: Sequence[tuple[int, Sequence[str]]]) -> str:
+    """KEPT's value as Python, one line per block where it is long, aligned after ``KEPT = ``."""
+    return pformat(kept_ops(kept), width=100).replace("\n", "\n" + " " * len("KEPT = "))
+
+
 def _spec(blocks: Sequence[int]) -> str:
     from graphmem.job.grammar import format_blocks
 
@@ -286,7 +292,8 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
     text = _HEAD.format(summary=_summary(policy, chosen, described), then=then, cls=policy.block_class,
                         count=policy.blocks, blocks=tuple(chosen.blocks), spec=_spec(chosen.blocks),
                         selective=tuple(chosen.selective), save_ops=tuple(policy.saved_ops),
-                        kept=kept_ops(chosen.kept), save_in=save_in_option(chosen.kept) or "(none)")
+                        kept=_kept_text(chosen.kept),
+                        save_in=save_in_option(chosen.kept) or "(none)")
     fine = (*chosen.selective, *(block for block, _ in chosen.kept))
     text += "\n".join(["", *_torchtitan_lines(chosen.blocks, policy.blocks, fine)]) + "\n"
     text += _BODY.format()
