@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from graphmem.errors import UserInputError
 
-__all__ = ["CUDA_CONTEXT_BYTES", "GPU", "GPUS", "cublas_workspace_bytes", "get_gpu", "nvidia_smi_estimate"]
+__all__ = ["CUDA_CONTEXT_BYTES", "GPU", "GPUS", "ROOFLINES", "Roofline", "cublas_workspace_bytes", "get_gpu",
+           "nvidia_smi_estimate"]
 
 MiB = 1 << 20
 
@@ -98,6 +99,30 @@ _PRESETS = (
 GPUS: dict[str, GPU] = {gpu.name: gpu for gpu in _PRESETS}
 _ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "h100-nvl": "h100-94gb", "a100": "a100-80gb",
             "v100": "v100-32gb", "4090": "rtx-4090", "3090": "rtx-3090", "5090": "rtx-5090"}
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """A GPU's peak rates, for a roofline estimate of an op's time: its FLOPs at the matrix
+    units' dense 16-bit rate (bf16/fp16 matmuls and attention) or the fp32 rate (everything
+    else), or its bytes at the memory bandwidth, whichever takes longer."""
+
+    matrix_16bit_tflops: float
+    fp32_tflops: float
+    bandwidth_gbs: float
+    source: str
+
+
+# NVIDIA's datasheets (dense rates: the datasheets' tensor figures halved where they are shown
+# with sparsity); presets not listed have no roofline here (plan --policy then counts FLOPs)
+_HOPPER = "NVIDIA H100 datasheet"
+ROOFLINES: dict[str, Roofline] = {
+    "h100-80gb": Roofline(989.4, 66.9, 3350, f"{_HOPPER}, SXM5"),
+    "h100-pcie": Roofline(756.0, 51.0, 2000, f"{_HOPPER}, PCIe"),
+    "h200": Roofline(989.4, 66.9, 4800, "NVIDIA H200 datasheet, SXM (H100's compute, HBM3e)"),
+    "a100-80gb": Roofline(312.0, 19.5, 2039, "NVIDIA A100 datasheet, SXM4 80GB"),
+    "a100-40gb": Roofline(312.0, 19.5, 1555, "NVIDIA A100 datasheet, SXM4 40GB"),
+}
 
 
 def get_gpu(name: str) -> GPU:

@@ -42,7 +42,7 @@ def choice_to_dict(choice: CheckpointChoice) -> dict[str, Any]:
             "selective": list(choice.selective), "checkpoint_save_blocks": format_blocks(choice.selective),
             "peak_bytes": choice.peak_bytes, "predicted_bytes": choice.predicted_bytes,
             "recompute_flops": choice.recompute_flops, "extra_compute": choice.extra_compute, "fits": choice.fits,
-            "gathered_bytes": choice.gathered_bytes,
+            "gathered_bytes": choice.gathered_bytes, "recompute_cost": choice.recompute_cost,
             "kept": {str(block): list(names) for block, names in choice.kept},
             "keep_units": list(choice.keep_units), "fsdp_keep_units": format_blocks(choice.keep_units),
             "checkpoint_save_in": format_save_in(choice.kept)}
@@ -72,6 +72,7 @@ def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
                                               _fine(chosen or policy.lowest)),
             "save": list(policy.save), "saved_ops": list(policy.saved_ops),
             "exact": policy.exact, "notes": list(policy.notes), "solver": policy.solver,
+            "cost_model": {"unit": policy.cost_unit, "description": policy.cost_model},
             "recordings": policy.recordings, "analyses": policy.analyses,
             "sharding": sharding_to_dict(policy.sharding) if policy.sharding else None}
 
@@ -95,8 +96,16 @@ def _verdict(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     return (f"CHECKPOINT BLOCKS {_blocks(chosen)} ({of}): "
             f"peak {fmt(chosen.peak_bytes)} (analysed), fits with "
             f"{fmt(budget.total_bytes - budget.required_bytes(chosen.peak_bytes))} headroom; recomputes "
-            f"{chosen.recompute_flops:,} FLOPs ({chosen.extra_compute:+.1%} compute). The least recompute that "
+            f"{chosen.recompute_flops:,} FLOPs ({chosen.extra_compute:+.1%} compute{_time(policy, chosen)}). The "
+            "least recompute that "
             f"fits{_ops_kept(chosen)}. Run it: {options_of(policy, chosen)}")
+
+
+def _time(policy: PolicyPlan, choice: CheckpointChoice) -> str:
+    """``; a roofline estimate of 12.3 ms ...`` where the plan's cost is a roofline time."""
+    if policy.cost_unit != "ns":
+        return ""
+    return f"; by a roofline estimate {choice.recompute_cost / 1e6:,.1f} ms over the two recorded iterations"
 
 
 def _refined(chosen: CheckpointChoice) -> str:
@@ -153,8 +162,11 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
 def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     def row(point: CheckpointChoice, mark: str) -> list[Any]:
         extra = "0" if not point.recompute_flops else f"{point.extra_compute:+.1%}"
-        return [_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}", extra,
+        timed = [f"{point.recompute_cost / 1e6:,.1f} ms"] if roofline else []
+        return [_blocks(point), len(point.blocks), fmt(point.peak_bytes), f"{point.recompute_flops:,}", *timed, extra,
                 "yes" if point.fits else "no", mark]
+
+    roofline = policy.cost_unit == "ns"
 
     rows = []
     chosen, base = policy.chosen, policy.per_block or policy.chosen
@@ -170,7 +182,8 @@ def _curve(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     title = textwrap.fill("Memory against recompute: the front, where no choice has both less recompute and a "
                           f"lower peak ({shown})", width=100)
     return title + "\n" + str(tabulate(rows, tablefmt="simple", headers=[
-        "blocks checkpointed", "blocks", "peak", "recomputed FLOPs", "extra compute", "fits", ""]))
+        "blocks checkpointed", "blocks", "peak", "recomputed FLOPs", *(["recompute (roofline)"] if roofline else []),
+        "extra compute", "fits", ""]))
 
 
 def _recorded(policy: PolicyPlan) -> str:
@@ -189,11 +202,12 @@ def _how(policy: PolicyPlan) -> str:
         notes += (f" With --parallel {policy.sharding.parallel} the recordings are every distinct rank's under "
                   "FSDP2 (a peak is the rank that needs the most), made for each setting of the parameters after "
                   "forward; the front is the chosen setting's.")
+    counted = "" if policy.cost_unit == "FLOPs" else f" (recompute counted as {policy.cost_model})"
     return textwrap.fill(
         f"How: {policy.recordings} recordings of the step ({_recorded(policy)}) give the peak of every choice of the "
         f"{policy.blocks} {policy.block_class} modules, storage by "
         f"storage (graphmem/preflight/policy/composite.py); {policy.solver} picks the least recompute under the "
-        f"budget; every peak above is an analysis of the job with those blocks checkpointed "
+        f"budget{counted}; every peak above is an analysis of the job with those blocks checkpointed "
         f"({policy.analyses} more analyses); {exact}.{_finer(policy)}{notes} Extra compute: recomputed FLOPs over "
         "the step's (torch.utils.flop_counter's formulas).", width=100)
 

@@ -9,6 +9,8 @@ and the front of policies where no other has both less memory and less recompute
 The rooms, each importing only those before it:
 
 - ``runs``: a recorded step cut into runs of ops, each run inside one block or outside all.
+- ``costs``: what recomputing an op costs (FLOPs, or on a GPU with known peak rates a roofline
+  time), the objective.
 - ``composite``: the peak of any per-block choice, from four recordings of the step (no block
   checkpointed, every block, every even one, every odd one), storage by storage.
 - ``solve``: the choice with the least recompute under a cap, as an integer program (PuLP's CBC).

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from graphmem.errors import UnsupportedError
 from graphmem.memory.results import ModeReport
+from graphmem.preflight.policy.costs import FLOPS, CostModel
 from graphmem.preflight.policy.runs import Runs, cut_runs
 from graphmem.records import Phase
 
@@ -94,8 +95,8 @@ class Shared:
 
 @dataclass(frozen=True, slots=True)
 class Composite:
-    """Every run's bound; ``cost[block][variant]``: FLOPs that variant recomputes (both recorded
-    iterations, as ``ModeReport.recompute_flops`` counts them)."""
+    """Every run's bound; ``cost[block][variant]``: what that variant recomputes (both recorded
+    iterations), by the CostModel the composite was built with (FLOPs, or a roofline time)."""
 
     blocks: int
     variants: int
@@ -241,7 +242,8 @@ def _shared(recordings: Sequence[Recorded], all_runs: Sequence[Runs], blocks: in
     return shared, [frozenset(s) for s in skip], notes
 
 
-def build_composite(recordings: Sequence[Recorded], blocks: Sequence[str], variants: int = 2) -> Composite:
+def build_composite(recordings: Sequence[Recorded], blocks: Sequence[str], variants: int = 2,
+                    costs: CostModel = FLOPS) -> Composite:
     """The Composite of ``recordings`` (one with every block kept among them) of a model whose
     blocks are the modules at ``blocks`` (paths, in the model's order).
 
@@ -253,7 +255,7 @@ def build_composite(recordings: Sequence[Recorded], blocks: Sequence[str], varia
     shared, skip, notes = _shared(recordings, all_runs, len(blocks))
     tables = [_tables(r, runs, s) for r, runs, s in zip(recordings, all_runs, skip, strict=True)]
     bounds = tuple(_bound(run, tables, shared, variants, notes) for run in range(len(all_runs[0].runs)))
-    return Composite(len(blocks), variants, bounds, _costs(recordings, all_runs, len(blocks), variants),
+    return Composite(len(blocks), variants, bounds, _costs(recordings, all_runs, len(blocks), variants, costs),
                      exact=not notes, notes=tuple(dict.fromkeys(notes)))
 
 
@@ -271,16 +273,18 @@ def merge_composites(composites: Sequence[Composite]) -> Composite:
                      exact=all(c.exact for c in composites), notes=notes)
 
 
-def _costs(recordings: Sequence[Recorded], all_runs: Sequence[Runs], blocks: int, variants: int
-           ) -> tuple[tuple[int, ...], ...]:
-    """FLOPs recomputed by each block in each variant (0 where kept)."""
+def _costs(recordings: Sequence[Recorded], all_runs: Sequence[Runs], blocks: int, variants: int,
+           model: CostModel) -> tuple[tuple[int, ...], ...]:
+    """What each block recomputes in each variant (0 where kept), by ``model`` (costs.py)."""
     cost = [[0] * variants for _ in range(blocks)]
     for recorded, runs in zip(recordings, all_runs, strict=True):
         ops = recorded.mode.trace.ops
+        per_op = model.op_costs(recorded.mode)
         done: dict[int, int] = defaultdict(int)
         for run in runs.runs:
             if run.block is not None:
-                done[run.block] += sum(op.flops for op in ops[run.start:run.stop] if op.recompute)
+                done[run.block] += sum(c for op, c in zip(ops[run.start:run.stop], per_op[run.start:run.stop],
+                                                          strict=True) if op.recompute)
         for block in range(blocks):
             cost[block][recorded.choice[block]] = max(cost[block][recorded.choice[block]], done[block])
     return tuple(tuple(c) for c in cost)

@@ -33,6 +33,7 @@ class Keepable:
     name: str
     flops: int
     nbytes: int
+    cost: int = 0  # what its recompute costs by the plan's cost model (costs.py)
 
 
 def _kind(op: str) -> str:
@@ -57,13 +58,17 @@ def _block_of(module: str, paths: Sequence[str]) -> tuple[int, str] | None:
     return None
 
 
-def keepable(mode: ModeReport, paths: Sequence[str], choice: Sequence[int]) -> list[Keepable]:
+def keepable(mode: ModeReport, paths: Sequence[str], choice: Sequence[int], costs: Sequence[int] | None = None
+             ) -> list[Keepable]:
     """The items of the checkpointed blocks of ``choice`` whose recompute costs FLOPs, the most
-    FLOPs per byte first (then the most FLOPs, then the block and name)."""
+    cost per byte first (then the most cost, then the block and name); ``costs``: each op's, by
+    the plan's cost model (None: its FLOPs)."""
     sizes = {s.sid: s.nbytes for s in mode.trace.storages}
     flops: dict[tuple[int, str], int] = defaultdict(int)
+    cost: dict[tuple[int, str], int] = defaultdict(int)
+    per_op = costs if costs is not None else [op.flops for op in mode.trace.ops]
     nbytes: dict[tuple[int, str, int], int] = defaultdict(int)
-    for op in mode.trace.ops:
+    for op, op_cost in zip(mode.trace.ops, per_op, strict=True):
         if not op.recompute or not op.flops:
             continue
         found = _block_of(op.module, paths)
@@ -75,7 +80,8 @@ def keepable(mode: ModeReport, paths: Sequence[str], choice: Sequence[int]) -> l
             continue  # another library's op: --checkpoint-save names aten ops only
         key = (block, f"{inside}:{kind}" if inside else kind)
         flops[key] += op.flops
+        cost[key] += op_cost
         nbytes[(*key, op.iteration)] += sum(sizes.get(sid, 0) for sid in op.outputs)
-    items = [Keepable(block, name, total, max(b for (k, n, _), b in nbytes.items() if (k, n) == (block, name)))
-             for (block, name), total in flops.items()]
-    return sorted(items, key=lambda i: (-i.flops / max(i.nbytes, 1), -i.flops, i.block, i.name))
+    items = [Keepable(block, name, total, max(b for (k, n, _), b in nbytes.items() if (k, n) == (block, name)),
+                      cost[block, name]) for (block, name), total in flops.items()]
+    return sorted(items, key=lambda i: (-i.cost / max(i.nbytes, 1), -i.cost, i.block, i.name))

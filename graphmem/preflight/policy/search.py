@@ -26,6 +26,7 @@ from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import footprint_of
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite, merge_composites
+from graphmem.preflight.policy.costs import CostModel, cost_model
 from graphmem.preflight.policy.finer import Keepable, keepable
 from graphmem.preflight.policy.gathers import backward_gather_bytes
 from graphmem.preflight.policy.solve import SOLVER, search_front
@@ -61,6 +62,8 @@ class CheckpointChoice:
             takes them; they are not in ``selective``.
         keep_units: with ``--parallel fsdp=N``, FSDP2 units (the blocks) that keep their
             parameters after forward where the setting reshards the others (--fsdp-keep-units).
+        recompute_cost: the recompute by the plan's cost model (costs.py), what it minimises:
+            FLOPs, or on a GPU with known peak rates a roofline time in nanoseconds.
     """
 
     blocks: tuple[int, ...]
@@ -73,6 +76,7 @@ class CheckpointChoice:
     gathered_bytes: int = 0
     kept: tuple[tuple[int, tuple[str, ...]], ...] = ()
     keep_units: tuple[int, ...] = ()
+    recompute_cost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,8 @@ class PolicyPlan:
         per_block: where ``chosen`` keeps single ops' outputs (its ``kept``) or some FSDP2 units
             their parameters (``keep_units``), the per-block answer it started from (a point of
             the front); None otherwise.
+        cost_model / cost_unit: what "recompute" means in the search (costs.py), in words, and
+            the unit of each choice's ``recompute_cost`` (``FLOPs`` or ``ns``).
     """
 
     block_class: str
@@ -152,6 +158,8 @@ class PolicyPlan:
     saved_ops: tuple[str, ...] = ()
     sharding: Sharding | None = None
     per_block: CheckpointChoice | None = None
+    cost_model: str = "FLOPs (torch.utils.flop_counter's formulas)"
+    cost_unit: str = "FLOPs"
 
     @property
     def blocks(self) -> int:
@@ -204,15 +212,17 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
     with progress.labelled("checkpointing policy"):
         base = base or _analyse(choices.job)
         recorded, done = _recordings(choices, len(paths), _uses_cache(model), base)
-        composite = _composite(recorded, paths, choices.variants)
+        costs = cost_model(job.device, job.gpu)
+        composite = _composite(recorded, paths, choices.variants, costs)
         found = search_front(composite, seconds=FRONT_SECONDS)
         front = list(found.points) or [tuple([0] * len(paths))]
-        verify = _Verifier(choices, composite, budget, base, done)
+        verify = _Verifier(choices, composite, budget, base, done, costs)
         made = _answer(verify, front, cls, paths, front_points, _is_transformers(model), len(recorded))
     stopped = () if found.complete else (
         f"the solver stopped after {FRONT_SECONDS} s looking for a peak below the front's last point (a lower one "
         "may exist; the choices shown are analysed)",)
-    plan = replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped)
+    plan = replace(made, save=choices.save, saved_ops=saved_op_names(choices.save), notes=made.notes + stopped,
+                   cost_model=costs.describe(), cost_unit=costs.unit)
 
     def refine(ops: bool = True, keep: bool = False) -> PolicyPlan:
         chosen = plan.chosen
@@ -413,14 +423,14 @@ def _rank_mode(mode: Any, rank: int) -> Any:
     return next((group.report for group in mode.ranks if rank in group.ranks), mode)
 
 
-def _composite(recorded: Sequence[Recorded], paths: tuple[str, ...], variants: int) -> Composite:
+def _composite(recorded: Sequence[Recorded], paths: tuple[str, ...], variants: int, costs: CostModel) -> Composite:
     """The composite of the recordings; with ``--parallel``, one per distinct rank, merged (the
     peak compared is the rank that needs the most, whichever that is for a choice)."""
     ranks = [group.rank for group in recorded[0].mode.ranks]
     if len(ranks) <= 1:
-        return build_composite(recorded, paths, variants)
+        return build_composite(recorded, paths, variants, costs)
     return merge_composites([build_composite([Recorded(r.choice, _rank_mode(r.mode, rank)) for r in recorded],
-                                             paths, variants) for rank in ranks])
+                                             paths, variants, costs) for rank in ranks])
 
 
 def _train(prediction: Prediction) -> Any:
@@ -433,8 +443,8 @@ class _Verifier:
     """Analyses choices (each once) and turns them into CheckpointChoices."""
 
     def __init__(self, choices: _Choices, composite: Composite, budget: Budget, base: Prediction,
-                 done: Mapping[tuple[int, ...], Prediction]) -> None:
-        self.choices, self.composite, self.budget = choices, composite, budget
+                 done: Mapping[tuple[int, ...], Prediction], costs: CostModel) -> None:
+        self.choices, self.composite, self.budget, self.costs = choices, composite, budget, costs
         self.flops = _train(base).flops
         # on a GPU, what the budget compares besides the tensors: the CUDA context, NCCL's buffers
         self.outside = footprint_of(base.report, "train").outside_bytes
@@ -475,7 +485,8 @@ class _Verifier:
                                 extra_compute=recompute / self.flops if self.flops else 0.0,
                                 fits=self.budget.fits(made.peak_bytes),
                                 gathered_bytes=backward_gather_bytes(_train(made)),
-                                kept=tuple(sorted(kept.items())), keep_units=keep_units)
+                                kept=tuple(sorted(kept.items())), keep_units=keep_units,
+                                recompute_cost=self.costs.recompute(_train(made)))
 
 
 def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) -> CheckpointChoice:
@@ -485,7 +496,8 @@ def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) ->
     step no longer fits or recomputes no less; at most FINER_ANALYSES analyses in all."""
     choice = _choice_of(chosen, len(paths))
     groups: dict[str, list[Keepable]] = {}
-    for item in keepable(_train(verify.done[choice]), paths, choice):
+    mode = _train(verify.done[choice])
+    for item in keepable(mode, paths, choice, verify.costs.op_costs(mode)):
         groups.setdefault(item.name, []).append(item)
     own: dict[int, tuple[str, ...]] = {}
     tried = 0
@@ -499,7 +511,7 @@ def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) ->
                 trial[member.block] = (*trial.get(member.block, verify.choices.names_of(choice, member.block)), name)
             made = verify.kept_choice(choice, trial)
             tried += 1
-            if made.fits and made.recompute_flops < chosen.recompute_flops:
+            if made.fits and made.recompute_cost < chosen.recompute_cost:
                 own, chosen, members = trial, made, members[count:]
                 count = min(len(members), (verify.budget.cap_bytes - chosen.peak_bytes) // size)
             else:
@@ -563,7 +575,7 @@ def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]]) -> CheckpointCh
     # ranks higher (a recording: every block checkpointed) under the budget; on the CPU, where
     # the composite is exact, none of these fits either
     fitting = [made for made in _analysed(verify) if made.fits]
-    return min(fitting, key=lambda made: (made.recompute_flops, made.peak_bytes), default=None)
+    return min(fitting, key=lambda made: (made.recompute_cost, made.peak_bytes), default=None)
 
 
 def _analysed(verify: _Verifier) -> list[CheckpointChoice]:
@@ -575,7 +587,7 @@ def _lowest(verify: _Verifier, last: tuple[int, ...]) -> CheckpointChoice:
     """The lowest analysed peak: the front's last point (``last``), unless a choice analysed
     anyway is lower (on a GPU, by the allocator's blocks: the composite ranks tensor bytes)."""
     verify.analyse([last])
-    return min(_analysed(verify), key=lambda made: (made.peak_bytes, made.recompute_flops,
+    return min(_analysed(verify), key=lambda made: (made.peak_bytes, made.recompute_cost,
                                                      _choice_of(made, len(last)) != last))
 
 

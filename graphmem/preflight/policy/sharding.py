@@ -78,7 +78,7 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
             plans.append(plan)
             refines.append(refine)
     options = _options(plans, _settings(spec.reshard_after_forward))
-    picked = choose_setting([(o.chosen.recompute_flops, o.gathered_bytes) if o.chosen else None for o in options])
+    picked = choose_setting([(o.chosen.recompute_cost, o.gathered_bytes) if o.chosen else None for o in options])
     if picked is None:  # nothing fits: the setting with the lowest peak
         picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
     else:  # refined in the setting taken only: single ops' outputs lower its recompute, never raise it, and
