@@ -509,8 +509,9 @@ def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) ->
             trial = dict(own)
             for member in members[:count]:
                 trial[member.block] = (*trial.get(member.block, verify.choices.names_of(choice, member.block)), name)
+            before = verify.analyses
             made = verify.kept_choice(choice, trial)
-            tried += 1
+            tried += verify.analyses - before  # a choice analysed before costs nothing
             if made.fits and made.recompute_cost < chosen.recompute_cost:
                 own, chosen, members = trial, made, members[count:]
                 count = min(len(members), (verify.budget.cap_bytes - chosen.peak_bytes) // size)
@@ -532,7 +533,8 @@ def _keep_units(verify: _Verifier, n: int, chosen: CheckpointChoice) -> Checkpoi
     kept = dict(chosen.kept)
     count = min(n, (verify.budget.cap_bytes - chosen.peak_bytes) // size)
     failed = n + 1  # the fewest units found not to fit
-    for _ in range(FINER_ANALYSES):
+    start = verify.analyses
+    while verify.analyses - start < FINER_ANALYSES:
         if count < 1 or count >= failed or count <= len(chosen.keep_units):
             break
         made = verify.kept_choice(choice, kept, tuple(range(n - count, n)))
