@@ -126,7 +126,9 @@ def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     chosen = policy.chosen
     if sharding is not None and chosen is not None and chosen.keep_units:
         default = (policy.per_block or chosen).gathered_bytes
-        return (f", FSDP2 units {format_blocks(chosen.keep_units)} keeping their parameters after forward "
+        units = format_blocks(chosen.keep_units)
+        which = f"unit {units} keeping its" if units.isdigit() else f"units {units} keeping their"
+        return (f", FSDP2 {which} parameters after forward "
                 f"({fmt(default - chosen.gathered_bytes)} less all-gathered per rank per step)")
     if sharding is None or sharding.reshard_after_forward is not False:
         return ""
@@ -145,7 +147,8 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
     rows = []
     for option in sharding.options:
         made = option.chosen or option.lowest
-        units = f"; units {format_blocks(made.keep_units)} kept" if made.keep_units else ""
+        units = format_blocks(made.keep_units)
+        units = f"; unit{'' if units.isdigit() else 's'} {units} kept" if units else ""
         rows.append([_SETTING[option.reshard_after_forward] + units, _blocks(made), fmt(made.peak_bytes),
                      f"{made.recompute_flops:,}", fmt(option.gathered_bytes),
                      "yes" if option.chosen else "no (lowest peak)",
