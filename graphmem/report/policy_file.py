@@ -225,8 +225,9 @@ def _sharding_lines(policy: PolicyPlan, chosen: CheckpointChoice) -> list[str]:
     elif sharding.reshard_after_forward is False:
         how = "every FSDP2 unit keeps its parameters after forward (as given)."
     elif sharding.reshard_after_forward is None and chosen.keep_units:
-        how = (f"FSDP2's units reshard after forward but {_spec(chosen.keep_units)}, which keep their "
-               "parameters (KEEP_UNITS).")
+        units = _spec(chosen.keep_units)
+        which = f"unit {units}, which keeps its" if units.isdigit() else f"units {units}, which keep their"
+        how = f"FSDP2's units reshard after forward but {which} parameters (KEEP_UNITS)."
     elif sharding.reshard_after_forward is None:
         how = "FSDP2's units reshard after forward (its default: every unit but the root)."
     else:
