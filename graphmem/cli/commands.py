@@ -464,8 +464,9 @@ main.add_command(max_batch_command, name="max-seq")
                    "blocks. Implies --policy.")
 @click.option("--policy-ops/--no-policy-ops", "policy_ops", default=True, show_default=True,
               help="With --policy: after choosing the blocks, keep the outputs of single ops inside them (a "
-                   "submodule's matmuls, the attention) where the budget leaves room, each step analysed; "
-                   "--no-policy-ops: whole blocks only, as torchtitan's config can say.")
+                   "submodule's matmuls, the attention) where the budget leaves room, and under --parallel "
+                   "fsdp=N the last units' parameters, each step analysed; --no-policy-ops: neither, whole "
+                   "blocks and one setting for every unit only.")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
                  debug: bool, world_size: int | None, prune_amount: float, group_size: int, policy: bool,
                  emit_policy: str | None, policy_curve: str | None, front_points: int, policy_save: str,

@@ -83,7 +83,7 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
         picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
     else:  # refined in the setting taken only: single ops' outputs lower its recompute, never raise it, and
         # units that keep their parameters (where the others reshard) its communication
-        keep = spec.reshard_after_forward is None and _settings(None)[picked] is None
+        keep = ops and spec.reshard_after_forward is None and _settings(None)[picked] is None
         plans[picked] = refines[picked](ops, keep)
         options = _options(plans, _settings(spec.reshard_after_forward))
     given = _settings(spec.reshard_after_forward).index(spec.reshard_after_forward)
