@@ -234,10 +234,20 @@ def parse_save_in(text: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
 
 def format_save_in(save_in: Sequence[tuple[int, Sequence[str]]]) -> str:
     """The inverse of parse_save_in, blocks with the same names grouped: ``"0,2=fc:matmuls"``."""
+    return ";".join(f"{format_blocks(blocks)}={','.join(names)}" for names, blocks in grouped_by_names(save_in))
+
+
+def grouped_by_names(save_in: Sequence[tuple[int, Sequence[str]]]) -> list[tuple[tuple[str, ...], list[int]]]:
+    """``((0, ("a",)), (1, ("a",)), (2, ("b",)))`` -> ``[(("a",), [0, 1]), (("b",), [2])]``."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for block, names in save_in:
         groups.setdefault(tuple(names), []).append(block)
-    return ";".join(f"{format_blocks(blocks)}={','.join(names)}" for names, blocks in groups.items())
+    return list(groups.items())
+
+
+def format_units(units: Sequence[int]) -> str:
+    """FSDP2 units by index: ``"unit 3"``, ``"units 2-3"``."""
+    return f"unit{'' if len(units) == 1 else 's'} {format_blocks(units)}"
 
 
 def format_blocks(blocks: Sequence[int]) -> str:

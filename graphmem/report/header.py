@@ -23,7 +23,7 @@ import torch
 from tabulate import tabulate
 
 from graphmem.cuda.alloc_conf import alloc_conf_from_environment
-from graphmem.job.grammar import format_blocks
+from graphmem.job.grammar import format_blocks, format_units
 from graphmem.job.job import Job
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import MemoryReport, ModeReport
@@ -195,9 +195,8 @@ def _device_rows(setup: Setup, report: MemoryReport | None) -> list[list[str]]:
         rank = f"; the numbers are rank {shown[0]}'s, the highest peak{alike}" if shown else ""
         rows.append(["parallel", f"{setup.parallel} over {setup.world_size} GPUs{rank}"])
         if setup.fsdp_keep_units:
-            units = format_blocks(setup.fsdp_keep_units)
-            rows.append(["FSDP2", f"unit {units} keeps its parameters after forward" if units.isdigit()
-                         else f"units {units} keep their parameters after forward"])
+            keeps = "keeps its" if len(setup.fsdp_keep_units) == 1 else "keep their"
+            rows.append(["FSDP2", f"{format_units(setup.fsdp_keep_units)} {keeps} parameters after forward"])
     if setup.assume:
         rows.append(["assumed", ", ".join(f"{name}={value}" for name, value in setup.assume)])
     return rows

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pprint import pformat
 from typing import TYPE_CHECKING
 
+from graphmem.job.grammar import format_units
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
@@ -225,9 +226,9 @@ def _sharding_lines(policy: PolicyPlan, chosen: CheckpointChoice) -> list[str]:
     elif sharding.reshard_after_forward is False:
         how = "every FSDP2 unit keeps its parameters after forward (as given)."
     elif sharding.reshard_after_forward is None and chosen.keep_units:
-        units = _spec(chosen.keep_units)
-        which = f"unit {units}, which keeps its" if units.isdigit() else f"units {units}, which keep their"
-        how = f"FSDP2's units reshard after forward but {which} parameters (KEEP_UNITS)."
+        which = "which keeps its" if len(chosen.keep_units) == 1 else "which keep their"
+        how = (f"FSDP2's units reshard after forward but {format_units(chosen.keep_units)}, {which} parameters "
+               "(KEEP_UNITS).")
     elif sharding.reshard_after_forward is None:
         how = "FSDP2's units reshard after forward (its default: every unit but the root)."
     else:

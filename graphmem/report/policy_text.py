@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from graphmem.job.grammar import format_blocks, format_save_in
+from graphmem.job.grammar import format_blocks, format_save_in, format_units, grouped_by_names
 from graphmem.report.policy_file import options_of, torchtitan_reshard, torchtitan_settings
 
 if TYPE_CHECKING:
@@ -24,10 +24,7 @@ def _blocks(choice: CheckpointChoice) -> str:
     own = dict(choice.kept)
     whole = format_blocks([b for b in choice.blocks if b not in choice.selective and b not in own])
     kept = format_blocks(choice.selective)
-    grouped: dict[tuple[str, ...], list[int]] = {}
-    for block, names in choice.kept:
-        grouped.setdefault(tuple(names), []).append(block)
-    finer = [f"{format_blocks(blocks)} keeping {', '.join(names)}" for names, blocks in grouped.items()]
+    finer = [f"{format_blocks(blocks)} keeping {', '.join(names)}" for names, blocks in grouped_by_names(choice.kept)]
     parts = (f"{whole} whole" if whole and (kept or finer) else whole, f"{kept} selective" if kept else "", *finer)
     return "; ".join(p for p in parts if p) or "none"
 
@@ -110,10 +107,8 @@ def _time(policy: PolicyPlan, choice: CheckpointChoice) -> str:
 
 def _refined(chosen: CheckpointChoice) -> str:
     """What the greedy steps added to a point of the front: ops' outputs, units' parameters."""
-    units = format_blocks(chosen.keep_units)
     return " and ".join(([] if not chosen.kept else ["keeping single ops' outputs"])
-                        + ([] if not units else [f"unit{'s' if not units.isdigit() else ''} {units} keeping "
-                                                 "parameters"]))
+                        + ([] if not chosen.keep_units else [f"{format_units(chosen.keep_units)} keeping parameters"]))
 
 
 def _ops_kept(chosen: CheckpointChoice) -> str:
@@ -126,9 +121,8 @@ def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
     chosen = policy.chosen
     if sharding is not None and chosen is not None and chosen.keep_units:
         default = (policy.per_block or chosen).gathered_bytes
-        units = format_blocks(chosen.keep_units)
-        which = f"unit {units} keeping its" if units.isdigit() else f"units {units} keeping their"
-        return (f", FSDP2 {which} parameters after forward "
+        its = "its" if len(chosen.keep_units) == 1 else "their"
+        return (f", FSDP2 {format_units(chosen.keep_units)} keeping {its} parameters after forward "
                 f"({fmt(default - chosen.gathered_bytes)} less all-gathered per rank per step)")
     if sharding is None or sharding.reshard_after_forward is not False:
         return ""
@@ -147,8 +141,7 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
     rows = []
     for option in sharding.options:
         made = option.chosen or option.lowest
-        units = format_blocks(made.keep_units)
-        units = f"; unit{'' if units.isdigit() else 's'} {units} kept" if units else ""
+        units = f"; {format_units(made.keep_units)} kept" if made.keep_units else ""
         rows.append([_SETTING[option.reshard_after_forward] + units, _blocks(made), fmt(made.peak_bytes),
                      f"{made.recompute_flops:,}", fmt(option.gathered_bytes),
                      "yes" if option.chosen else "no (lowest peak)",

@@ -15,6 +15,7 @@ every pair of per-op variants).
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,16 +37,18 @@ class Keepable:
     cost: int = 0  # what its recompute costs by the plan's cost model (costs.py)
 
 
-def _kind(op: str) -> str:
-    """``matmuls``, ``attention`` or the aten op (``aten.convolution``) of a recorded op name."""
+@functools.cache
+def _kinds() -> dict[str, str]:
+    """Each matmul's and attention kernel's aten name (``aten.mm``) -> what ``--checkpoint-save`` calls it."""
     from graphmem.trace.rules import ops
 
+    return {**{str(p): "matmuls" for p in ops.MATMULS}, **{str(p): "attention" for p in ops.ATTENTION}}
+
+
+def _kind(op: str) -> str:
+    """``matmuls``, ``attention`` or the aten op (``aten.convolution``) of a recorded op name."""
     packet = op.rsplit(".", 1)[0] if op.count(".") == 2 else op
-    if packet in {str(p) for p in ops.MATMULS}:
-        return "matmuls"
-    if packet in {str(p) for p in ops.ATTENTION}:
-        return "attention"
-    return packet
+    return _kinds().get(packet, packet)
 
 
 def _block_of(module: str, paths: Sequence[str]) -> tuple[int, str] | None:

@@ -34,7 +34,7 @@ from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map
 
 __all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job",
-           "search_policy"]
+           "search_policy", "units_of"]
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
 FRONT_SECONDS = 60  # the solver's time to prove each point of the front (solve.search_front)
@@ -206,7 +206,7 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
         raise AssertionError(f"make_policy: the job's model must be resolved, got {source!r}")
     model = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
     cls, paths = _blocks(job, model, block_class)
-    units_are_blocks = job.parallel is not None and _units_of(model, job) == (cls,)
+    units_are_blocks = job.parallel is not None and units_of(model, job) == (cls,)
     _check_save(save)
     choices = _Choices(policy_job(job)[0], cls, tuple(save))
     with progress.labelled("checkpointing policy"):
@@ -450,6 +450,7 @@ class _Verifier:
         self.outside = footprint_of(base.report, "train").outside_bytes
         self.done: dict[tuple[int, ...], Prediction] = dict(done)
         self.finer: dict[tuple[tuple[int, ...], Any], Prediction] = {}
+        self.made: dict[tuple[tuple[int, ...], Any, tuple[int, ...]], CheckpointChoice] = {}
         self.analyses = 0  # made here, to verify
 
 
@@ -477,6 +478,14 @@ class _Verifier:
 
     def _made(self, choice: tuple[int, ...], made: Prediction, kept: Mapping[int, tuple[str, ...]],
               keep_units: tuple[int, ...] = ()) -> CheckpointChoice:
+        """The CheckpointChoice of an analysis, made once (its recompute cost reads the whole trace)."""
+        key = (choice, tuple(sorted(kept.items())), keep_units)
+        if key not in self.made:
+            self.made[key] = self._checkpoint_choice(choice, made, kept, keep_units)
+        return self.made[key]
+
+    def _checkpoint_choice(self, choice: tuple[int, ...], made: Prediction, kept: Mapping[int, tuple[str, ...]],
+                           keep_units: tuple[int, ...]) -> CheckpointChoice:
         recompute = _train(made).recompute_flops
         return CheckpointChoice(blocks=_blocks_of(choice),
                                 selective=tuple(i for i, v in enumerate(choice) if v == 2 and i not in kept),
@@ -547,11 +556,11 @@ def _keep_units(verify: _Verifier, n: int, chosen: CheckpointChoice) -> Checkpoi
     return chosen
 
 
-def _units_of(model: nn.Module, job: Job) -> tuple[str, ...]:
+def units_of(model: nn.Module, job: Job) -> tuple[str, ...]:
     """The classes FSDP2 shards as units in ``job`` (graphmem.trace.distributed.fsdp's rule)."""
     from graphmem.trace import fsdp_units
 
-    assert job.parallel is not None, "_units_of: a --parallel job"
+    assert job.parallel is not None, "units_of: a --parallel job"
     return tuple(fsdp_units(model, job.parallel))
 
 

@@ -34,7 +34,14 @@ from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.policy.search import FRONT_POINTS, PolicyPlan, Sharding, ShardingOption, search_policy
+from graphmem.preflight.policy.search import (
+    FRONT_POINTS,
+    PolicyPlan,
+    Sharding,
+    ShardingOption,
+    search_policy,
+    units_of,
+)
 from graphmem.preflight.search import Prediction
 
 __all__ = ["Sharding", "ShardingOption", "choose_setting", "make_sharded_policy"]
@@ -103,9 +110,6 @@ def _options(plans: Sequence[PolicyPlan], settings: Sequence[bool | None]) -> li
 
 def _units(job: Job, source: ModelSource | None) -> tuple[str, ...]:
     """The classes FSDP2 shards as units in this job (graphmem.trace.distributed.fsdp's rule)."""
-    from graphmem.trace import fsdp_units
-
-    assert job.parallel is not None, "_units: a --parallel job"
     model = build_model(source if source is not None else job.model,  # type: ignore[arg-type]
                         job.model_kwargs, job.hf_config, device=job.device)
-    return tuple(fsdp_units(model, job.parallel))
+    return units_of(model, job)
