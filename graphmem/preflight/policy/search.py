@@ -31,7 +31,7 @@ from graphmem.preflight.policy.finer import Keepable, keepable
 from graphmem.preflight.policy.gathers import backward_gather_bytes
 from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.search import Prediction, predict
-from graphmem.workers import fork_map
+from graphmem.workers import fork_map, processes
 
 __all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job",
            "search_policy", "units_of"]
@@ -339,6 +339,12 @@ class _Choices:
         own = dict(kept or {})
         selective = [i for i, v in enumerate(choice) if v == 2 and i not in own]
         extra: dict[str, Any] = {"checkpoint_save_in": own} if own else {}
+        alike = not own and len(set(choice)) == 1  # every block in one variant
+        if alike or (not own and choice == tuple(1 - i % 2 for i in range(len(choice)))):
+            # said without block indices (every block, or every second from the first), the same
+            # step is recorded with the model's repeated blocks recorded once (graphmem.trace.repeat)
+            save = {"checkpoint_save": list(self.save)} if choice[0] == 2 else {}
+            return job.updated(checkpoint=[self.cls], checkpoint_every=1 if alike else 2, **save)
         if not selective:
             return job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, **extra)
         return job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, checkpoint_save=list(self.save),
@@ -468,13 +474,18 @@ class _Verifier:
                     keep_units: tuple[int, ...] = ()) -> CheckpointChoice:
         """``choice`` with the blocks of ``kept`` keeping those outputs (and the FSDP2 units of
         ``keep_units`` their parameters), analysed."""
-        key = (tuple(sorted(kept.items())), keep_units)
-        if (choice, key) not in self.finer:
-            what = "outputs kept" if not keep_units else "parameters kept in some units"
-            self.finer[choice, key] = _analyse_all([(self.choices.job_of(choice, kept, keep_units),
-                                                     f"analysing {self.choices.label(choice)} with {what}")])[0]
-            self.analyses += 1
-        return self._made(choice, self.finer[choice, key], kept, keep_units)
+        self.analyse_kept(choice, [(kept, keep_units)])
+        return self._made(choice, self.finer[choice, _kept_key(kept, keep_units)], kept, keep_units)
+
+    def analyse_kept(self, choice: tuple[int, ...],
+                     trials: Sequence[tuple[Mapping[int, tuple[str, ...]], tuple[int, ...]]]) -> None:
+        """kept_choice's analyses of ``choice`` with each (kept, keep_units) of ``trials``, side by side."""
+        todo = {_kept_key(kept, units): (kept, units) for kept, units in trials
+                if (choice, _kept_key(kept, units)) not in self.finer}
+        jobs = [(self.choices.job_of(choice, kept, units), f"analysing {self.choices.label(choice)} with "
+                 + ("outputs kept" if not units else "parameters kept in some units")) for kept, units in todo.values()]
+        self.finer.update({(choice, key): made for key, made in zip(todo, _analyse_all(jobs), strict=True)})
+        self.analyses += len(todo)
 
     def _made(self, choice: tuple[int, ...], made: Prediction, kept: Mapping[int, tuple[str, ...]],
               keep_units: tuple[int, ...] = ()) -> CheckpointChoice:
@@ -498,34 +509,72 @@ class _Verifier:
                                 recompute_cost=self.costs.recompute(_train(made)))
 
 
+def _kept_key(kept: Mapping[int, tuple[str, ...]], keep_units: tuple[int, ...]) -> Any:
+    return tuple(sorted(kept.items())), keep_units
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """Where _finer's greedy stands: the item name it tries (``group``), its blocks not keeping it
+    yet (``members``), how many of them the next analysis takes, the outputs kept so far (``own``)
+    and the best choice found."""
+
+    group: int
+    members: tuple[Keepable, ...]
+    count: int
+    own: Mapping[int, tuple[str, ...]]
+    chosen: CheckpointChoice
+
+
 def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) -> CheckpointChoice:
     """``chosen`` with single ops' outputs kept in its checkpointed blocks (finer.py): items of
     the same name (``attn.proj:matmuls``), the most FLOPs per byte first, in as many blocks as
     the room left holds (the earliest first), then in half as many while an analysis says the
-    step no longer fits or recomputes no less; at most FINER_ANALYSES analyses in all."""
+    step no longer fits or recomputes no less; at most FINER_ANALYSES steps that analyse.  With
+    cores to spare, the step after a failure is analysed beside each step (the same answer)."""
     choice = _choice_of(chosen, len(paths))
     groups: dict[str, list[Keepable]] = {}
     mode = _train(verify.done[choice])
     for item in keepable(mode, paths, choice, verify.costs.op_costs(mode)):
         groups.setdefault(item.name, []).append(item)
-    own: dict[int, tuple[str, ...]] = {}
+    names = list(groups)
+
+    def room(made: CheckpointChoice, group: int, members: Sequence[Keepable]) -> int:
+        size = max(max(m.nbytes for m in groups[names[group]]), 1)
+        return min(len(members), (verify.budget.cap_bytes - made.peak_bytes) // size)
+
+    def settled(step: _Step) -> _Step | None:
+        """``step``, or the first name after it with blocks to try; None when none is left."""
+        while step.count < 1:
+            if step.group + 1 >= len(names):
+                return None
+            members = tuple(sorted(groups[names[step.group + 1]], key=lambda m: m.block))
+            step = replace(step, group=step.group + 1, members=members, count=room(step.chosen, step.group + 1,
+                                                                                     members))
+        return step
+
+    def trial(step: _Step) -> dict[int, tuple[str, ...]]:
+        own = dict(step.own)
+        for member in step.members[:step.count]:
+            own[member.block] = (*own.get(member.block, verify.choices.names_of(choice, member.block)),
+                                 names[step.group])
+        return own
+
+    step = settled(_Step(-1, (), 0, {}, chosen))
+    before = set(verify.finer)  # a choice analysed before costs nothing (one analysed ahead here does)
     tried = 0
-    for name, members in groups.items():
-        members = sorted(members, key=lambda m: m.block)
-        size = max(max(m.nbytes for m in members), 1)
-        count = min(len(members), (verify.budget.cap_bytes - chosen.peak_bytes) // size)
-        while count >= 1 and tried < FINER_ANALYSES:
-            trial = dict(own)
-            for member in members[:count]:
-                trial[member.block] = (*trial.get(member.block, verify.choices.names_of(choice, member.block)), name)
-            before = verify.analyses
-            made = verify.kept_choice(choice, trial)
-            tried += verify.analyses - before  # a choice analysed before costs nothing
-            if made.fits and made.recompute_cost < chosen.recompute_cost:
-                own, chosen, members = trial, made, members[count:]
-                count = min(len(members), (verify.budget.cap_bytes - chosen.peak_bytes) // size)
-            else:
-                count //= 2
+    while step is not None and tried < FINER_ANALYSES:
+        now, otherwise = trial(step), settled(replace(step, count=step.count // 2))
+        tried += (choice, _kept_key(now, ())) not in before
+        ahead = [(trial(otherwise), ())] if otherwise is not None and processes() > 1 else []
+        verify.analyse_kept(choice, [(now, ()), *ahead])
+        made = verify.kept_choice(choice, now)
+        if made.fits and made.recompute_cost < step.chosen.recompute_cost:
+            rest = step.members[step.count:]
+            step = settled(replace(step, own=now, chosen=made, members=rest, count=room(made, step.group, rest)))
+            chosen = made
+        else:
+            step = otherwise
     return chosen
 
 
@@ -534,7 +583,8 @@ def _keep_units(verify: _Verifier, n: int, chosen: CheckpointChoice) -> Checkpoi
     parameters instead, as many as the room left holds by the bytes each all-gathers again in
     backward, fewer (halved) while an analysis says the step no longer fits; then more while it
     fits; each kept unit all-gathers its parameters once per step instead of twice.  At most
-    FINER_ANALYSES analyses."""
+    FINER_ANALYSES steps that analyse; with cores to spare, the step after a failure is analysed
+    beside each step (the same answer)."""
     size = chosen.gathered_bytes // n if n else 0
     if size <= 0:
         return chosen
@@ -542,17 +592,26 @@ def _keep_units(verify: _Verifier, n: int, chosen: CheckpointChoice) -> Checkpoi
     kept = dict(chosen.kept)
     count = min(n, (verify.budget.cap_bytes - chosen.peak_bytes) // size)
     failed = n + 1  # the fewest units found not to fit
-    start = verify.analyses
-    while verify.analyses - start < FINER_ANALYSES:
-        if count < 1 or count >= failed or count <= len(chosen.keep_units):
-            break
-        made = verify.kept_choice(choice, kept, tuple(range(n - count, n)))
+
+    def units(count: int) -> tuple[int, ...]:
+        return tuple(range(n - count, n))
+
+    def tried(count: int, failed: int, chosen: CheckpointChoice) -> bool:
+        return 1 <= count < failed and count > len(chosen.keep_units)
+
+    before = set(verify.finer)  # a choice analysed before costs nothing (one analysed ahead here does)
+    steps = 0
+    while steps < FINER_ANALYSES and tried(count, failed, chosen):
+        otherwise = (len(chosen.keep_units) + count) // 2
+        steps += (choice, _kept_key(kept, units(count))) not in before
+        ahead = [(kept, units(otherwise))] if tried(otherwise, count, chosen) and processes() > 1 else []
+        verify.analyse_kept(choice, [(kept, units(count)), *ahead])
+        made = verify.kept_choice(choice, kept, units(count))
         if made.fits and made.gathered_bytes < chosen.gathered_bytes:
             chosen = made
             count = min(n, count + (verify.budget.cap_bytes - made.peak_bytes) // size)
         else:
-            failed = count
-            count = (len(chosen.keep_units) + count) // 2
+            failed, count = count, otherwise
     return chosen
 
 
@@ -572,19 +631,37 @@ def _choice_of(made: CheckpointChoice, n: int) -> tuple[int, ...]:
     return tuple(2 if i in made.selective else int(i in made.blocks) for i in range(n))
 
 
-def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]]) -> CheckpointChoice | None:
+def _chosen(verify: _Verifier, front: Sequence[tuple[int, ...]], anyway: Sequence[tuple[int, ...]] = ()
+            ) -> CheckpointChoice | None:
     """The first point of the front, by recompute, whose analysed peak fits.  The composite's
     peak passes over the points that cannot fit (what the budget compares is never below the
     tensor bytes, plus on a GPU what lives outside the allocator); the analysis decides for the
-    others, in order (on the CPU the first is the answer wherever the composite is exact)."""
-    for choice in front:
-        if verify.budget.fits(verify.composite.peak(choice) + verify.outside):
-            made = verify.choice(choice)
-            if made.fits:
-                return made
+    others, in order (on the CPU the first is the answer wherever the composite is exact).
+
+    The analyses run side by side, as many at once as there are cores: ``anyway`` (choices the
+    plan analyses whatever the answer: the front's points it shows) with the first of those
+    points, then the points in turn, as many at a time as there are cores.  The answer is the
+    one analysing them one by one gives."""
+    candidates = [c for c in front if verify.budget.fits(verify.composite.peak(c) + verify.outside)]
+    extra = [c for c in dict.fromkeys(anyway) if c not in verify.done]
+    width = processes()
+    start = 0
+    while start < len(candidates):
+        take = max(1, -len(extra) % width) if extra else width  # new analyses that fill the round's cores
+        stop = start
+        while stop < len(candidates) and take:  # points analysed already cost nothing
+            take -= candidates[stop] not in verify.done and candidates[stop] not in extra
+            stop += 1
+        verify.analyse([*candidates[start:stop], *extra])
+        extra = []
+        made = next((m for m in map(verify.choice, candidates[start:stop]) if m.fits), None)
+        if made is not None:
+            return made
+        start = stop
     # on a GPU the allocator's blocks, which the composite does not know, can put a choice it
     # ranks higher (a recording: every block checkpointed) under the budget; on the CPU, where
     # the composite is exact, none of these fits either
+    verify.analyse(extra)
     fitting = [made for made in _analysed(verify) if made.fits]
     return min(fitting, key=lambda made: (made.recompute_cost, made.peak_bytes), default=None)
 
@@ -614,7 +691,10 @@ def _spread(front: Sequence[tuple[int, ...]], most: int, keep: Sequence[tuple[in
 def _answer(verify: _Verifier, front: list[tuple[int, ...]], cls: str, paths: tuple[str, ...], points: int,
             transformers: bool, recordings: int) -> PolicyPlan:
     n = len(paths)
-    chosen = _chosen(verify, front)
+    # the front's points shown, and its last (the lowest peak), are analysed whatever the answer:
+    # side by side with the first points tried
+    anyway = _spread(front, points, [front[-1]])
+    chosen = _chosen(verify, front, anyway)
     lowest = _lowest(verify, front[-1])
     keep = [front[-1], *([_choice_of(chosen, n)] if chosen else [])]
     shown = _spread(front, points, keep)
