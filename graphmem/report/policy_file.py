@@ -219,7 +219,7 @@ def _sharding_lines(policy: PolicyPlan, chosen: CheckpointChoice) -> list[str]:
     sharding = policy.sharding
     if sharding is None:
         return []
-    kept = next((o for o in sharding.options if o.reshard_after_forward is False), None)
+    kept = next((o for o in sharding.options if o.reshard_after_forward is False and sharding.taken(o)), None)
     if sharding.reshard_after_forward is False and kept is not None and len(sharding.options) > 1:
         how = (f"every FSDP2 unit keeps its parameters after forward: {kept.saved_bytes:,} B "
                f"({format_bytes(kept.saved_bytes)}) less all-gathered per rank per step.")
@@ -233,7 +233,10 @@ def _sharding_lines(policy: PolicyPlan, chosen: CheckpointChoice) -> list[str]:
         how = "FSDP2's units reshard after forward (its default: every unit but the root)."
     else:
         how = "every FSDP2 unit, the root too, reshards after forward."
-    return [f"Peaks are per rank (the rank that needs the most) with --parallel {sharding.parallel};", how]
+    units = ([f"FSDP2's units are {', '.join(sharding.units)}, finer than the job's own "
+              f"({', '.join(sharding.options[0].units)}): fewer unsharded parameters at a time."]
+             if sharding.finer else [])
+    return [f"Peaks are per rank (the rank that needs the most) with --parallel {sharding.parallel};", how, *units]
 
 
 def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
@@ -247,6 +250,8 @@ def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
     sharding = policy.sharding
     if sharding is not None:
         text += f" --parallel {sharding.parallel}"
+        if sharding.finer:
+            text += f" --fsdp-units {','.join(sharding.units)}"
         if sharding.reshard_after_forward is not None:
             text += f" --reshard-after-forward {str(sharding.reshard_after_forward).lower()}"
         if chosen.keep_units:

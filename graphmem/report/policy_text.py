@@ -50,7 +50,7 @@ def sharding_to_dict(sharding: Sharding) -> dict[str, Any]:
     return {"parallel": sharding.parallel, "fsdp_units": list(sharding.units),
             "reshard_after_forward": sharding.reshard_after_forward,
             "torchtitan_fsdp_reshard_after_forward": torchtitan_reshard(sharding.reshard_after_forward),
-            "options": [{"reshard_after_forward": o.reshard_after_forward,
+            "options": [{"reshard_after_forward": o.reshard_after_forward, "fsdp_units": list(o.units),
                          "chosen": choice_to_dict(o.chosen) if o.chosen else None, "lowest": choice_to_dict(o.lowest),
                          "gathered_bytes": o.gathered_bytes, "saved_bytes": o.saved_bytes}
                         for o in sharding.options]}
@@ -126,7 +126,7 @@ def _kept_params(policy: PolicyPlan, fmt: Callable[[int], str]) -> str:
                 f"({fmt(default - chosen.gathered_bytes)} less all-gathered per rank per step)")
     if sharding is None or sharding.reshard_after_forward is not False:
         return ""
-    saved = next(o.saved_bytes for o in sharding.options if o.reshard_after_forward is False)
+    saved = next(o.saved_bytes for o in sharding.options if o.reshard_after_forward is False and sharding.taken(o))
     if len(sharding.options) == 1:  # --reshard-after-forward false given: nothing compared
         return ", every FSDP2 unit keeping its parameters after forward (reshard_after_forward=False, as given)"
     return (f", every FSDP2 unit keeping its parameters after forward (reshard_after_forward=False: "
@@ -139,18 +139,26 @@ _SETTING = {None: "resharded (FSDP2's default)", False: "kept until backward", T
 def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
     """Each reshard_after_forward setting searched, with its own checkpointing choice and costs."""
     rows = []
+    layouts = len({option.units for option in sharding.options}) > 1
     for option in sharding.options:
         made = option.chosen or option.lowest
         units = f"; {format_units(made.keep_units)} kept" if made.keep_units else ""
-        rows.append([_SETTING[option.reshard_after_forward] + units, _blocks(made), fmt(made.peak_bytes),
+        classes = f"{', '.join(option.units)}: " if layouts else ""
+        rows.append([classes + _SETTING[option.reshard_after_forward] + units, _blocks(made), fmt(made.peak_bytes),
                      f"{made.recompute_flops:,}", fmt(option.gathered_bytes),
-                     "yes" if option.chosen else "no (lowest peak)",
-                     "<- chosen" if option.reshard_after_forward == sharding.reshard_after_forward else ""])
+                     "yes" if option.chosen else "no (lowest peak)", "<- chosen" if sharding.taken(option) else ""])
+    own = (sharding.options[0].units if sharding.options else ()) or sharding.units
+    title = f"Parameters after forward, with --parallel {sharding.parallel} (FSDP2 units: {', '.join(own)}): "
+    if layouts:
+        finer = next(o.units for o in sharding.options if o.units != own)
+        title = (f"FSDP2's units and their parameters after forward, with --parallel {sharding.parallel}: units "
+                 f"{', '.join(finer)} split the job's own ({', '.join(own)}), fewer unsharded parameters at a time "
+                 "(searched where the job's own needed recompute); ")
     title = textwrap.fill(
-        f"Parameters after forward, with --parallel {sharding.parallel} (FSDP2 units: {', '.join(sharding.units)}): "
-        "each setting with its own least-recompute checkpointing, analysed. Chosen: the least recompute that fits, "
-        "then the fewest bytes all-gathered again in backward (prefetched, that communication mostly overlaps "
-        "compute; a recomputed forward does not)", width=100)
+        title + "each setting with its own least-recompute checkpointing, analysed. Chosen: the least recompute that "
+        "fits, then the fewest bytes all-gathered again in backward (prefetched, that communication mostly overlaps "
+        "compute; a recomputed forward does not)" + (", then the job's own units (fewer collectives)" if layouts
+                                                     else ""), width=100)
     return title + "\n" + str(tabulate(rows, tablefmt="simple", headers=[
         "parameters", "blocks checkpointed", "peak", "recomputed FLOPs", "all-gathered in backward", "fits", ""]))
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import distinct_ranks
-from graphmem.trace.distributed.fsdp import fsdp_units
+from graphmem.trace.distributed.fsdp import finer_units, fsdp_units
 from graphmem.trace.program import (
     Exchanged,
     GpuMemory,
@@ -45,4 +45,4 @@ from graphmem.trace.symbolic import trace_at
 
 __all__ = ["CudaKernels", "Exchanged", "GpuMemory", "GpuTarget", "Mailbox", "OpRecord", "Phase", "ProgramTrace",
            "Recording", "Role", "Spoiled", "StorageRecord", "Trace", "Waits", "distinct_ranks", "forks_ranks",
-           "fsdp_units", "record_ranks", "record_step", "trace_at", "trace_program", "trace_step"]
+           "finer_units", "fsdp_units", "record_ranks", "record_step", "trace_at", "trace_program", "trace_step"]

@@ -89,6 +89,50 @@ def test_emitted_policy_under_real_fsdp2_has_the_verified_peak_and_fits(
     assert all(m.peak_bytes <= budget for m in measured)
 
 
+def build_decoder_with_policy() -> Any:
+    """(in each rank) examples/decoder.py's Decoder with the emitted module's apply_policy."""
+    decoder = _load(str(ROOT / "examples" / "decoder.py"), "examples_decoder")
+    return _load(os.environ[_EMITTED], "emitted_policy").apply_policy(decoder.Decoder())
+
+
+def build_decoder() -> Any:
+    return _load(str(ROOT / "examples" / "decoder.py"), "examples_decoder").Decoder()
+
+
+@needs("pulp")
+@pytest.mark.slow  # the plan (both units, two settings each) and two real 2-rank runs: ~1 min
+def test_finer_units_fit_where_the_layers_as_units_need_more_than_any_checkpointing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/decoder.py (4 layers of dim 256, 16 tokens: parameters, not activations, make the
+    peak) at 36,000,000 B: with its layers as FSDP2 units no checkpointing fits (the lowest peak, every
+    layer's unsharded parameters and gradients at their turn, is over), with its attention and MLP
+    modules as the units it fits with nothing checkpointed.  Both run for real over 2 gloo ranks."""
+    budget = 36_000_000
+    job = make_job(str(ROOT / "examples" / "decoder.py") + ":Decoder", "1x16:int64", mode="train",
+                   loss="cross_entropy", parallel="fsdp=2")
+    plan = make_plan(job, Budget(budget, Fraction(0), f"{budget}B"), policy=True).policy
+    assert plan is not None and plan.chosen is not None and plan.sharding is not None
+    assert plan.sharding.units == ("Attention", "MLP") and plan.sharding.finer
+    assert plan.chosen.blocks == () and plan.chosen.recompute_flops == 0
+    layers = [o for o in plan.sharding.options if o.units == ("Layer",)]
+    assert len(layers) == 2 and all(o.chosen is None and o.lowest.peak_bytes > budget for o in layers)
+    path = tmp_path / "policy.py"
+    path.write_text(render_policy_module(plan, "test"), encoding="utf-8")
+    assert "FSDP_UNITS = ('Attention', 'MLP')" in path.read_text(encoding="utf-8")
+    monkeypatch.setenv(_EMITTED, str(path))
+    measured = measure_distributed(f"{__name__}:build_decoder_with_policy", ["1x16:int64"], strategy="fsdp",
+                                   world_size=2, loss="cross_entropy", int_high=500,
+                                   shard=f"{__name__}:shard_with_policy")
+    assert [m.peak_bytes for m in measured] == [plan.chosen.peak_bytes] * 2
+    assert all(m.peak_bytes <= budget for m in measured)
+    # the job's own units, nothing checkpointed (FSDP2's default): over the budget, as analysed
+    as_given = next(o for o in layers if o.reshard_after_forward is None)
+    real = measure_distributed(f"{__name__}:build_decoder", ["1x16:int64"], strategy="fsdp", world_size=2,
+                               loss="cross_entropy", int_high=500, units=["Layer"])
+    assert [m.peak_bytes for m in real] == [plan.baseline_bytes] * 2
+    assert min(m.peak_bytes for m in real) > budget and as_given.lowest.peak_bytes > budget
+
+
 def test_policy_with_other_parallel_layouts_is_refused_in_one_line() -> None:
     result = CliRunner().invoke(main, ["plan", str(ROOT / "examples" / "gpt.py") + ":GPT", "--input", "2x64:int64",
                                        "--parallel", "ddp=2", "--budget", "5MiB", "--policy"])

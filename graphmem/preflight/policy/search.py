@@ -90,6 +90,7 @@ class ShardingOption:
         lowest: the lowest peak any checkpointing choice reaches under it.
         gathered_bytes: bytes one rank all-gathers in backward per step, with ``chosen`` (else
             ``lowest``); ``saved_bytes``: fewer than FSDP2's default setting gathers.
+        units: the classes sharded as FSDP2 units under this setting.
     """
 
     reshard_after_forward: bool | None
@@ -97,6 +98,7 @@ class ShardingOption:
     lowest: CheckpointChoice
     gathered_bytes: int
     saved_bytes: int
+    units: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,15 @@ class Sharding:
     reduce_dtype: str | None
     reshard_after_forward: bool | None
     options: tuple[ShardingOption, ...]
+
+    @property
+    def finer(self) -> bool:
+        """The units chosen split the job's own (the first searched) finer."""
+        return bool(self.options) and bool(self.options[0].units) and self.units != self.options[0].units
+
+    def taken(self, option: ShardingOption) -> bool:
+        """Whether ``option`` is the setting chosen."""
+        return option.reshard_after_forward == self.reshard_after_forward and (option.units or self.units) == self.units
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""``plan --policy`` under ``--parallel fsdp=N``: FSDP2's ``reshard_after_forward`` chosen with the
-blocks to checkpoint.
+"""``plan --policy`` under ``--parallel fsdp=N``: FSDP2's units and ``reshard_after_forward`` chosen
+with the blocks to checkpoint.
 
 Input: a training ``Job`` whose ``--parallel`` is ``fsdp=N`` alone, a ``Budget``.  Output: the
 ``PolicyPlan`` of the setting chosen, with ``sharding`` (a frozen ``Sharding``) saying what each
@@ -12,6 +12,12 @@ parameters held meanwhile.  Two settings are searched, each with its own checkpo
 (the composite built from that setting's per-rank recordings, the answer verified by an analysis
 of the job with exactly those settings): FSDP2's default (every unit but the root reshards) and
 every unit keeping its parameters.  ``--reshard-after-forward true|false`` given: that one only.
+
+The units.  The job's own (``--fsdp-units``, else its repeated blocks); where no setting fits with
+them without recompute, and no ``--fsdp-units`` was given, both settings again with finer units:
+the classes of the blocks' children that hold most of their parameters (a layer's attention and
+MLP; graphmem.trace.distributed.fsdp.finer_units), fewer unsharded parameters live at a time.  On
+a tie in recompute and bytes the job's own units win (fewer collectives).
 
 The objective, in that order: the least recompute that fits, then the fewest bytes all-gathered in
 backward.  Recompute first: FSDP2 prefetches the next unit's backward all-gather while the current
@@ -27,12 +33,15 @@ lowers its recompute and never raises it, so the setting stays the one to take.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from torch import nn
 
 from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
+from graphmem.job.parallel import ParallelSpec
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.policy.search import (
     FRONT_POINTS,
@@ -63,8 +72,9 @@ def _settings(given: bool | None) -> tuple[bool | None, ...]:
 def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = None, base: Prediction | None = None,
                         source: ModelSource | None = None, front_points: int = FRONT_POINTS,
                         save: Sequence[str] = (), ops: bool = True) -> PolicyPlan:
-    """The checkpointing policy and ``reshard_after_forward`` of ``job`` (``--parallel fsdp=N``)
-    with the least recompute, then the least backward communication, that fits ``budget``.
+    """The checkpointing policy, the FSDP2 units and ``reshard_after_forward`` of ``job``
+    (``--parallel fsdp=N``) with the least recompute, then the least backward communication,
+    that fits ``budget``.
 
     Args: as make_policy's (``base``: the analysis of the job as given).
 
@@ -74,7 +84,45 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     """
     spec = job.parallel
     assert spec is not None, "make_sharded_policy: a --parallel job"
-    plans, refines = [], []
+    units = _units(job, source)
+    searched = _searched(job, spec, units, budget, block_class, base, source, front_points, save)
+    finer = () if spec.units else _finer(job, source, units)
+    if finer and not any(s.plan.chosen is not None and s.plan.chosen.recompute_cost == 0 for s in searched):
+        # finer units hold fewer unsharded parameters at a time: searched where the blocks' own
+        # units need recompute (or fit nowhere); on a tie the blocks' units (fewer collectives) win
+        with progress.labelled(f"units {', '.join(finer)}"):
+            searched += _searched(job, replace(spec, units=finer), finer, budget, block_class, None, source,
+                                  front_points, save)
+    options = _options(searched)
+    picked = choose_setting([(o.chosen.recompute_cost, o.gathered_bytes) if o.chosen else None for o in options])
+    if picked is None:  # nothing fits: the setting with the lowest peak
+        picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
+    else:  # refined in the setting taken only: single ops' outputs lower its recompute, never raise it, and
+        # units that keep their parameters (where the others reshard) its communication
+        keep = ops and spec.reshard_after_forward is None and searched[picked].setting is None
+        searched[picked] = replace(searched[picked], plan=searched[picked].refine(ops, keep))
+        options = _options(searched)
+    given = next(s.plan for s in searched if s.setting == spec.reshard_after_forward)
+    return replace(searched[picked].plan, baseline_bytes=given.baseline_bytes, sharding=Sharding(
+        parallel=spec.text, units=options[picked].units, param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype,
+        reshard_after_forward=options[picked].reshard_after_forward, options=tuple(options)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Searched:
+    """One setting's search: the units, reshard_after_forward, the plan and its refinement."""
+
+    units: tuple[str, ...]
+    setting: bool | None
+    plan: PolicyPlan
+    refine: Callable[[bool, bool], PolicyPlan]
+
+
+def _searched(job: Job, spec: ParallelSpec, units: tuple[str, ...], budget: Budget, block_class: str | None,
+              base: Prediction | None, source: ModelSource | None, front_points: int,
+              save: Sequence[str]) -> list[_Searched]:
+    """Each reshard_after_forward setting's checkpointing search with FSDP2's units ``units``."""
+    found = []
     for setting in _settings(spec.reshard_after_forward):
         label = {None: "parameters resharded after forward", False: "parameters kept after forward",
                  True: "every unit resharded after forward"}[setting]
@@ -82,34 +130,32 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
             plan, refine = search_policy(replace(job, parallel=replace(spec, reshard_after_forward=setting)), budget,
                                          block_class=block_class, source=source, front_points=front_points, save=save,
                                          base=base if setting == spec.reshard_after_forward else None)
-            plans.append(plan)
-            refines.append(refine)
-    options = _options(plans, _settings(spec.reshard_after_forward))
-    picked = choose_setting([(o.chosen.recompute_cost, o.gathered_bytes) if o.chosen else None for o in options])
-    if picked is None:  # nothing fits: the setting with the lowest peak
-        picked = min(range(len(options)), key=lambda i: (options[i].lowest.peak_bytes, options[i].gathered_bytes))
-    else:  # refined in the setting taken only: single ops' outputs lower its recompute, never raise it, and
-        # units that keep their parameters (where the others reshard) its communication
-        keep = ops and spec.reshard_after_forward is None and _settings(None)[picked] is None
-        plans[picked] = refines[picked](ops, keep)
-        options = _options(plans, _settings(spec.reshard_after_forward))
-    given = _settings(spec.reshard_after_forward).index(spec.reshard_after_forward)
-    return replace(plans[picked], baseline_bytes=plans[given].baseline_bytes, sharding=Sharding(
-        parallel=spec.text, units=_units(job, source), param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype,
-        reshard_after_forward=options[picked].reshard_after_forward, options=tuple(options)))
+        found.append(_Searched(units, setting, plan, refine))
+    return found
 
 
-def _options(plans: Sequence[PolicyPlan], settings: Sequence[bool | None]) -> list[ShardingOption]:
+def _options(searched: Sequence[_Searched]) -> list[ShardingOption]:
+    plans = [s.plan for s in searched]
     gathered = [(p.chosen or p.lowest).gathered_bytes for p in plans]
     # FSDP2's default, every unit resharding (before some units were chosen to keep their parameters)
     plain = [(p.per_block or p.chosen or p.lowest).gathered_bytes for p in plans]
-    default = plain[settings.index(None)] if None in settings else max(plain)
-    return [ShardingOption(setting, plan.chosen, plan.lowest, nbytes, max(default - nbytes, 0))
-            for setting, plan, nbytes in zip(settings, plans, gathered, strict=True)]
+    default = next((nbytes for s, nbytes in zip(searched, plain, strict=True) if s.setting is None), max(plain))
+    return [ShardingOption(s.setting, s.plan.chosen, s.plan.lowest, nbytes, max(default - nbytes, 0), s.units)
+            for s, nbytes in zip(searched, gathered, strict=True)]
+
+
+def _finer(job: Job, source: ModelSource | None, units: tuple[str, ...]) -> tuple[str, ...]:
+    """The classes that split the units finer (graphmem.trace.distributed.fsdp.finer_units)."""
+    from graphmem.trace import finer_units
+
+    return finer_units(_model(job, source), units)
+
+
+def _model(job: Job, source: ModelSource | None) -> nn.Module:
+    return build_model(source if source is not None else job.model,  # type: ignore[arg-type]
+                       job.model_kwargs, job.hf_config, device=job.device)
 
 
 def _units(job: Job, source: ModelSource | None) -> tuple[str, ...]:
     """The classes FSDP2 shards as units in this job (graphmem.trace.distributed.fsdp's rule)."""
-    model = build_model(source if source is not None else job.model,  # type: ignore[arg-type]
-                        job.model_kwargs, job.hf_config, device=job.device)
-    return units_of(model, job)
+    return units_of(_model(job, source), job)

@@ -12,6 +12,7 @@ as part of construction; the resizes, told to a callback while they happen.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
 from graphmem.patching import patched
 
-__all__ = ["following_resizes", "fsdp_units"]
+__all__ = ["finer_units", "following_resizes", "fsdp_units"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -53,6 +54,37 @@ def fsdp_units(model: nn.Module, spec: ParallelSpec) -> tuple[str, ...]:
             if best is None or size > best[0]:
                 best = (size, names.pop())
     return (best[1],) if best else ()
+
+
+def finer_units(model: nn.Module, units: tuple[str, ...]) -> tuple[str, ...]:
+    """Classes that split each of the units in two or more finer FSDP2 units: the classes of the
+    units' children holding a tenth or more of their unit's parameters (a decoder layer's attention
+    and MLP), the rest of the units' parameters going to the root.  () where a unit has fewer than
+    two such children, a child is a container, or a module of those classes lies outside the units,
+    holds another of them, or shares a parameter with a module outside it (tied weights)."""
+    blocks = [m for m in model.modules() if type(m).__name__ in units and m is not model]
+    classes: set[str] = set()
+    for block in blocks:
+        total = sum(p.numel() for p in block.parameters())
+        big = [c for c in block.children() if total and 10 * sum(p.numel() for p in c.parameters()) >= total]
+        if len(big) < 2 or any(isinstance(c, _CONTAINERS) for c in big):
+            return ()
+        classes.update(type(c).__name__ for c in big)
+    inside = {id(m) for block in blocks for m in block.modules()}
+    finer = [m for m in model.modules() if type(m).__name__ in classes]
+    if not finer or classes & set(units) or any(id(m) not in inside for m in finer) \
+            or any(type(d).__name__ in classes for m in finer for d in list(m.modules())[1:]):
+        return ()
+    holders: dict[int, set[int]] = {}  # each parameter: the modules that hold it directly
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                holders.setdefault(id(param), set()).add(id(module))
+    for module in finer:
+        own = {id(m) for m in module.modules()}
+        if any(holders[id(p)] - own for p in module.parameters()):
+            return ()
+    return tuple(sorted(classes, key=[type(m).__name__ for m in finer].index))
 
 
 def _initialise_fsdp(model: nn.Module) -> None:
@@ -90,11 +122,20 @@ def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
 @contextlib.contextmanager
 def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """Call ``resized(tensor)`` after every storage resize FSDP2 makes (alloc/free of the
-    unsharded parameters), while inside."""
+    unsharded parameters), while inside; FSDP2's warning that a unit returned a view is not shown
+    (it fires for every unit whose output is a Linear's over 3-D input, once per recording)."""
     modules = fsdp_storage_modules()
     if not modules:  # no FSDP2 in this torch: nothing resizes
         yield
         return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        with _resizes_told(modules, resized):
+            yield
+
+
+@contextlib.contextmanager
+def _resizes_told(modules: Any, resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
     originals = {(m, name): getattr(m, name) for m in modules
                  for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
 
