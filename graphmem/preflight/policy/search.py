@@ -524,6 +524,29 @@ def _kept_key(kept: Mapping[int, tuple[str, ...]], keep_units: tuple[int, ...]) 
     return tuple(sorted(kept.items())), keep_units
 
 
+class _Paid:
+    """The greedy steps' analyses of ``choice`` with outputs or units kept: each step's own, and
+    with cores to spare the one the step after a failure needs, side by side.  A step costs one
+    analysis where its choice was not analysed before or only ahead (as one after another would)."""
+
+    def __init__(self, verify: _Verifier, choice: tuple[int, ...]) -> None:
+        self.verify, self.choice = verify, choice
+        self.ahead: set[Any] = set()  # analysed ahead, not yet a step's
+
+    def costs(self, kept: Mapping[int, tuple[str, ...]], units: tuple[int, ...]) -> bool:
+        key = (self.choice, _kept_key(kept, units))
+        new = key not in self.verify.finer or key in self.ahead
+        self.ahead.discard(key)
+        return new
+
+    def analyse(self, now: tuple[Mapping[int, tuple[str, ...]], tuple[int, ...]],
+                ahead: Sequence[tuple[Mapping[int, tuple[str, ...]], tuple[int, ...]]]) -> None:
+        ahead = list(ahead) if processes() > 1 else []
+        self.ahead.update((self.choice, _kept_key(kept, units)) for kept, units in ahead
+                          if (self.choice, _kept_key(kept, units)) not in self.verify.finer)
+        self.verify.analyse_kept(self.choice, [now, *ahead])
+
+
 @dataclass(frozen=True, slots=True)
 class _Step:
     """Where _finer's greedy stands: the item name it tries (``group``), its blocks not keeping it
@@ -572,13 +595,12 @@ def _finer(verify: _Verifier, paths: Sequence[str], chosen: CheckpointChoice) ->
         return own
 
     step = settled(_Step(-1, (), 0, {}, chosen))
-    before = set(verify.finer)  # a choice analysed before costs nothing (one analysed ahead here does)
+    paid = _Paid(verify, choice)
     tried = 0
     while step is not None and tried < FINER_ANALYSES:
         now, otherwise = trial(step), settled(replace(step, count=step.count // 2))
-        tried += (choice, _kept_key(now, ())) not in before
-        ahead = [(trial(otherwise), ())] if otherwise is not None and processes() > 1 else []
-        verify.analyse_kept(choice, [(now, ()), *ahead])
+        tried += paid.costs(now, ())
+        paid.analyse((now, ()), [(trial(otherwise), ())] if otherwise is not None else [])
         made = verify.kept_choice(choice, now)
         if made.fits and made.recompute_cost < step.chosen.recompute_cost:
             rest = step.members[step.count:]
@@ -610,13 +632,12 @@ def _keep_units(verify: _Verifier, n: int, chosen: CheckpointChoice) -> Checkpoi
     def tried(count: int, failed: int, chosen: CheckpointChoice) -> bool:
         return 1 <= count < failed and count > len(chosen.keep_units)
 
-    before = set(verify.finer)  # a choice analysed before costs nothing (one analysed ahead here does)
+    paid = _Paid(verify, choice)
     steps = 0
     while steps < FINER_ANALYSES and tried(count, failed, chosen):
         otherwise = (len(chosen.keep_units) + count) // 2
-        steps += (choice, _kept_key(kept, units(count))) not in before
-        ahead = [(kept, units(otherwise))] if tried(otherwise, count, chosen) and processes() > 1 else []
-        verify.analyse_kept(choice, [(kept, units(count)), *ahead])
+        steps += paid.costs(kept, units(count))
+        paid.analyse((kept, units(count)), [(kept, units(otherwise))] if tried(otherwise, count, chosen) else [])
         made = verify.kept_choice(choice, kept, units(count))
         if made.fits and made.gathered_bytes < chosen.gathered_bytes:
             chosen = made

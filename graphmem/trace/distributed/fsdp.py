@@ -75,15 +75,13 @@ def finer_units(model: nn.Module, units: tuple[str, ...]) -> tuple[str, ...]:
     if not finer or classes & set(units) or any(id(m) not in inside for m in finer) \
             or any(type(d).__name__ in classes for m in finer for d in list(m.modules())[1:]):
         return ()
-    holders: dict[int, set[int]] = {}  # each parameter: the modules that hold it directly
-    for module in model.modules():
-        for param in module._parameters.values():
-            if param is not None:
-                holders.setdefault(id(param), set()).add(id(module))
-    for module in finer:
-        own = {id(m) for m in module.modules()}
-        if any(holders[id(p)] - own for p in module.parameters()):
-            return ()
+    names: dict[int, list[str]] = {}  # each parameter: every name the model reaches it by
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    for path, module in model.named_modules(remove_duplicate=False):
+        if type(module).__name__ in classes and any(not n.startswith(f"{path}.") for p in module.parameters()
+                                                    for n in names[id(p)]):
+            return ()  # a parameter (or the module itself) is reached from outside it too
     return tuple(sorted(classes, key=[type(m).__name__ for m in finer].index))
 
 
