@@ -53,7 +53,10 @@ def sharding_to_dict(sharding: Sharding) -> dict[str, Any]:
             "options": [{"reshard_after_forward": o.reshard_after_forward, "fsdp_units": list(o.units),
                          "chosen": choice_to_dict(o.chosen) if o.chosen else None, "lowest": choice_to_dict(o.lowest),
                          "gathered_bytes": o.gathered_bytes, "saved_bytes": o.saved_bytes}
-                        for o in sharding.options]}
+                        for o in sharding.options],
+            "finer_units_tried": None if sharding.probed is None else {
+                "fsdp_units": list(sharding.probed[0]), "peak_bytes": sharding.probed[1],
+                "own_units_peak_bytes": sharding.probed[2]}}
 
 
 def policy_to_dict(policy: PolicyPlan) -> dict[str, Any]:
@@ -153,7 +156,12 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
         finer = next(o.units for o in sharding.options if o.units != own)
         title = (f"FSDP2's units and their parameters after forward, with --parallel {sharding.parallel}: units "
                  f"{', '.join(finer)} split the job's own ({', '.join(own)}), fewer unsharded parameters at a time "
-                 "(searched where the job's own needed recompute); ")
+                 "(searched where the job's own needed recompute and, with the blocks these needed checkpointed, "
+                 "the finer units' peak was lower); ")
+    elif sharding.probed is not None:
+        classes_tried, peak, theirs = sharding.probed
+        title += (f"finer units ({', '.join(classes_tried)}), with the blocks these need checkpointed, peak at "
+                  f"{fmt(peak)}, not below {fmt(theirs)}: not searched further; ")
     title = textwrap.fill(
         title + "each setting with its own least-recompute checkpointing, analysed. Chosen: the least recompute that "
         "fits, then the fewest bytes all-gathered again in backward (prefetched, that communication mostly overlaps "

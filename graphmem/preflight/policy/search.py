@@ -33,8 +33,8 @@ from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.search import Prediction, predict
 from graphmem.workers import fork_map, processes
 
-__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "policy_job",
-           "search_policy", "units_of"]
+__all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "peak_with",
+           "policy_job", "search_policy", "units_of"]
 
 FRONT_POINTS = 8  # points of the front analysed by default (each a recording of the whole model)
 FRONT_SECONDS = 60  # the solver's time to prove each point of the front (solve.search_front)
@@ -112,6 +112,9 @@ class Sharding:
     reduce_dtype: str | None
     reshard_after_forward: bool | None
     options: tuple[ShardingOption, ...]
+    # finer units tried with the job's own units' blocks checkpointed and found no lower: those
+    # units, their analysed peak and the job's own (not searched further)
+    probed: tuple[tuple[str, ...], int, int] | None = None
 
     @property
     def finer(self) -> bool:
@@ -251,6 +254,13 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
         return replace(plan, chosen=finer, per_block=chosen, analyses=verify.analyses)
 
     return plan, refine
+
+
+def peak_with(job: Job, plan: PolicyPlan, made: CheckpointChoice) -> int:
+    """The analysed peak of ``job`` (a training job, its model resolved, without checkpointing
+    options but ``--checkpoint CLASS``) with ``made``'s blocks checkpointed as ``plan`` has them."""
+    choices = _Choices(policy_job(job)[0], plan.block_class, plan.save)
+    return _analyse(choices.job_of(_choice_of(made, len(plan.block_paths)), dict(made.kept))).peak_bytes
 
 
 def policy_job(job: Job) -> tuple[Job, str | None]:

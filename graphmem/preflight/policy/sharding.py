@@ -14,10 +14,13 @@ of the job with exactly those settings): FSDP2's default (every unit but the roo
 every unit keeping its parameters.  ``--reshard-after-forward true|false`` given: that one only.
 
 The units.  The job's own (``--fsdp-units``, else its repeated blocks); where no setting fits with
-them without recompute, and no ``--fsdp-units`` was given, both settings again with finer units:
-the classes of the blocks' children that hold most of their parameters (a layer's attention and
-MLP; graphmem.trace.distributed.fsdp.finer_units), fewer unsharded parameters live at a time.  On
-a tie in recompute and bytes the job's own units win (fewer collectives).
+them without recompute, and no ``--fsdp-units`` was given, finer units: the classes of the blocks'
+children that hold most of their parameters (a layer's attention and MLP;
+graphmem.trace.distributed.fsdp.finer_units), fewer unsharded parameters live at a time.  They are
+analysed first with the blocks the job's own units need (their lowest where nothing fits): where
+that peak is lower, both settings are searched again with them; where not (on a GPU the caching
+allocator's segments can make it higher), the plan says so.  On a tie in recompute and bytes the
+job's own units win (fewer collectives).
 
 The objective, in that order: the least recompute that fits, then the fewest bytes all-gathered in
 backward.  Recompute first: FSDP2 prefetches the next unit's backward all-gather while the current
@@ -48,6 +51,7 @@ from graphmem.preflight.policy.search import (
     PolicyPlan,
     Sharding,
     ShardingOption,
+    peak_with,
     search_policy,
     units_of,
 )
@@ -87,12 +91,21 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     units = _units(job, source)
     searched = _searched(job, spec, units, budget, block_class, base, source, front_points, save)
     finer = () if spec.units else _finer(job, source, units)
+    probed = None
     if finer and not any(s.plan.chosen is not None and s.plan.chosen.recompute_cost == 0 for s in searched):
         # finer units hold fewer unsharded parameters at a time: searched where the blocks' own
-        # units need recompute (or fit nowhere); on a tie the blocks' units (fewer collectives) win
+        # units need recompute (or fit nowhere) and, with the same blocks checkpointed, the finer
+        # units' peak is lower; on a tie the blocks' units (fewer collectives) win
+        first = searched[0]
+        made = first.plan.chosen or first.plan.lowest
         with progress.labelled(f"units {', '.join(finer)}"):
-            searched += _searched(job, replace(spec, units=finer), finer, budget, block_class, None, source,
-                                  front_points, save)
+            peak = peak_with(replace(job, parallel=replace(spec, units=finer, reshard_after_forward=first.setting)),
+                             first.plan, made)
+            if peak < made.peak_bytes:
+                searched += _searched(job, replace(spec, units=finer), finer, budget, block_class, None, source,
+                                      front_points, save)
+            else:
+                probed = (finer, peak, made.peak_bytes)
     options = _options(searched)
     picked = choose_setting([(o.chosen.recompute_cost, o.gathered_bytes) if o.chosen else None for o in options])
     if picked is None:  # nothing fits: the setting with the lowest peak
@@ -105,7 +118,7 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     given = next(s.plan for s in searched if s.setting == spec.reshard_after_forward)
     return replace(searched[picked].plan, baseline_bytes=given.baseline_bytes, sharding=Sharding(
         parallel=spec.text, units=options[picked].units, param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype,
-        reshard_after_forward=options[picked].reshard_after_forward, options=tuple(options)))
+        reshard_after_forward=options[picked].reshard_after_forward, options=tuple(options), probed=probed))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ parameters kept after forward, none checkpointed)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 from graphmem.preflight.budget import Budget
@@ -82,3 +83,27 @@ def test_units_keeping_their_parameters_and_ops_kept_are_said_everywhere() -> No
     exec(compile(render_policy_module(plan, "test"), "policy.py", "exec"), namespace)
     assert namespace["KEEP_UNITS"] == (2, 3) and namespace["RESHARD_AFTER_FORWARD"] is None
     assert namespace["KEPT"] == {0: (("qkv", ("aten.addmm", "aten.baddbmm", "aten.bmm", "aten.mm")),)}
+
+
+def test_finer_units_chosen_or_only_tried_are_said() -> None:
+    """Units split finer (made-up numbers): the chosen ones in the table, Run it and the emitted
+    module; finer units tried and found no lower, in the title and JSON."""
+    base = _plan()
+    assert base.sharding is not None
+    finer = Sharding("fsdp=2", ("Attention", "MLP"), None, None, None, (
+        ShardingOption(None, None, _RESHARDED, _GATHERED, 0, ("Block",)),
+        ShardingOption(None, _KEPT, _KEPT_LOWEST, _GATHERED, 0, ("Attention", "MLP"))))
+    plan = replace(base, chosen=_KEPT, sharding=finer)
+    assert options_of(plan, _KEPT) == "--parallel fsdp=2 --fsdp-units Attention,MLP"
+    rows = [line for line in policy_section(plan, lambda n: f"{n:,} B").splitlines() if line.endswith("<- chosen")
+            and ": " in line]  # the settings' table (the front's has its own mark)
+    assert len(rows) == 1 and rows[0].startswith("Attention, MLP: resharded")
+    namespace: dict[str, object] = {}
+    exec(compile(render_policy_module(plan, "test"), "policy.py", "exec"), namespace)
+    assert namespace["FSDP_UNITS"] == ("Attention", "MLP")
+    tried = replace(base, sharding=replace(base.sharding, probed=(("Attention", "MLP"), 7_000_000, 6_182_872)))
+    text = " ".join(policy_section(tried, lambda n: f"{n:,} B").split())
+    assert "finer units (Attention, MLP), with the blocks these need checkpointed, peak at 7,000,000 B, not below " \
+           "6,182,872 B: not searched further" in text
+    assert policy_to_dict(tried)["sharding"]["finer_units_tried"] == {
+        "fsdp_units": ["Attention", "MLP"], "peak_bytes": 7_000_000, "own_units_peak_bytes": 6_182_872}
