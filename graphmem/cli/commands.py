@@ -448,7 +448,7 @@ main.add_command(max_batch_command, name="max-seq")
               help="Choose which blocks to checkpoint: the least recompute whose peak fits the budget, solved "
                    "over every choice and verified by analysis, with the memory/recompute front (instead of "
                    "the table of remedies; training, on one device or under --parallel fsdp=N, where it also "
-                   "chooses FSDP2's reshard_after_forward).")
+                   "chooses FSDP2's reshard_after_forward, and finer units where they help).")
 @click.option("--emit-policy", "emit_policy", default=None, metavar="FILE.py", callback=_output_kind("policy"),
               help="With --policy: write the chosen policy as a Python module (apply_policy(model), torchtitan's "
                    "settings, transformers' own checkpointing calls). Implies --policy.")
