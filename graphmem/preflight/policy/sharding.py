@@ -39,8 +39,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from torch import nn
-
 from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
@@ -88,9 +86,8 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
     """
     spec = job.parallel
     assert spec is not None, "make_sharded_policy: a --parallel job"
-    units = _units(job, source)
+    units, finer = _unit_classes(job, source)
     searched = _searched(job, spec, units, budget, block_class, base, source, front_points, save)
-    finer = () if spec.units else _finer(job, source, units)
     probed = None
     if finer and not any(s.plan.chosen is not None and s.plan.chosen.recompute_cost == 0 for s in searched):
         # finer units hold fewer unsharded parameters at a time: searched where the blocks' own
@@ -157,18 +154,13 @@ def _options(searched: Sequence[_Searched]) -> list[ShardingOption]:
             for s, nbytes in zip(searched, gathered, strict=True)]
 
 
-def _finer(job: Job, source: ModelSource | None, units: tuple[str, ...]) -> tuple[str, ...]:
-    """The classes that split the units finer (graphmem.trace.distributed.fsdp.finer_units)."""
+def _unit_classes(job: Job, source: ModelSource | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The classes FSDP2 shards as units in this job (graphmem.trace.distributed.fsdp's rule), and
+    those that split them finer (its finer_units; none where --fsdp-units names the units)."""
     from graphmem.trace import finer_units
 
-    return finer_units(_model(job, source), units)
-
-
-def _model(job: Job, source: ModelSource | None) -> nn.Module:
-    return build_model(source if source is not None else job.model,  # type: ignore[arg-type]
-                       job.model_kwargs, job.hf_config, device=job.device)
-
-
-def _units(job: Job, source: ModelSource | None) -> tuple[str, ...]:
-    """The classes FSDP2 shards as units in this job (graphmem.trace.distributed.fsdp's rule)."""
-    return units_of(_model(job, source), job)
+    model = build_model(source if source is not None else job.model,  # type: ignore[arg-type]
+                        job.model_kwargs, job.hf_config, device=job.device)
+    units = units_of(model, job)
+    assert job.parallel is not None, "_unit_classes: a --parallel job"
+    return units, (() if job.parallel.units else finer_units(model, units))
