@@ -308,13 +308,28 @@ def fake_process_group_store() -> Any:
 
 
 def fsdp_storage_modules() -> tuple[Any, ...]:
-    """FSDP2's modules whose ``alloc_storage``/``free_storage`` resize the unsharded parameters
-    (none in a torch without FSDP2)."""
+    """The modules of FSDP2 (``alloc_storage``/``free_storage``) and of the first FSDP
+    (``_alloc_storage``/``_free_storage``, its flat parameters) whose functions resize the
+    unsharded parameters' storages (none in a torch without them)."""
+    modules: list[Any] = []
     try:
         from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+        modules += [_fsdp_param, _fsdp_param_group]
     except ImportError:
-        return ()
-    return _fsdp_param, _fsdp_param_group
+        pass
+    try:
+        from torch.distributed.fsdp import _flat_param
+        modules.append(_flat_param)
+    except ImportError:
+        pass
+    return tuple(modules)
+
+
+def fsdp1_runtime() -> Any:
+    """The first FSDP's runtime module (its hooks' reshard after backward)."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    return _runtime_utils
 
 
 def pipeline_inference_mode() -> Any:

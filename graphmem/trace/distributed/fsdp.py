@@ -3,6 +3,8 @@
 FSDP2 frees and regrows the unsharded parameters by resizing their storages
 (``_fsdp_param.alloc_storage`` / ``free_storage``), outside the dispatcher; both are wrapped to
 tell the recorder, which ends the storage's old lifetime and starts a new one with the new size.
+The first FSDP (``FullyShardedDataParallel``, which a program may build) resizes its flat
+parameters the same way (``_flat_param._alloc_storage`` / ``_free_storage``), followed alike.
 
 Input: a model whose parameters are fake, a ``ParallelSpec`` and the device mesh.  Output: the
 model sharded in place by ``fully_shard`` (its units, then the root) and lazily initialised
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import fsdp_storage_modules
+from graphmem._torch_api import fsdp1_runtime, fsdp_storage_modules, local_tensor, storage_key
 from graphmem.errors import UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
@@ -119,11 +121,13 @@ def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
 
 @contextlib.contextmanager
 def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
-    """Call ``resized(tensor)`` after every storage resize FSDP2 makes (alloc/free of the
-    unsharded parameters), while inside; FSDP2's warning that a unit returned a view is not shown
-    (it fires for every unit whose output is a Linear's over 3-D input, once per recording)."""
+    """Call ``resized(tensor)`` after every storage resize FSDP2 or the first FSDP makes
+    (alloc/free of the unsharded parameters), while inside, with the first FSDP's checks by
+    data pointer made on fakes as on real tensors (``_fsdp1_pointer_checks``); FSDP2's warning
+    that a unit returned a view is not shown (it fires for every unit whose output is a Linear's
+    over 3-D input, once per recording)."""
     modules = fsdp_storage_modules()
-    if not modules:  # no FSDP2 in this torch: nothing resizes
+    if not modules:  # no FSDP in this torch: nothing resizes
         yield
         return
     with warnings.catch_warnings():
@@ -134,14 +138,55 @@ def following_resizes(resized: Callable[[torch.Tensor], None]) -> Iterator[None]
 
 @contextlib.contextmanager
 def _resizes_told(modules: Any, resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
-    originals = {(m, name): getattr(m, name) for m in modules
-                 for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
+    originals = {(m, name): getattr(m, name) for m in modules for name in _RESIZES if hasattr(m, name)}
 
-    def wrap(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
-        def run(tensor: torch.Tensor) -> None:
-            original(tensor)
+    def wrap(original: Callable[..., None]) -> Callable[..., None]:
+        def run(tensor: torch.Tensor, *size: Any) -> None:
+            original(tensor, *size)
             resized(tensor)
         return run
 
-    with patched(*((module, name, wrap(original)) for (module, name), original in originals.items())):
+    with patched(*((module, name, wrap(original)) for (module, name), original in originals.items()),
+                 *_fsdp1_pointer_checks(modules)):
         yield
+
+
+def _fsdp1_pointer_checks(modules: Any) -> list[tuple[Any, str, Any]]:
+    """The first FSDP's checks by ``data_ptr()`` (every fake tensor's is 0), made by the
+    storages' identities, offsets and sizes instead: whether two tensors share a storage (else
+    it would find a parameter's own storage in its flat parameter and never copy an edited one
+    back), whether a storage is allocated (else it refuses to write parameters back when it
+    keeps them unsharded after forward, as SHARD_GRAD_OP does) and whether a unit was already
+    resharded after backward (else it would never reshard one whose output did not reach the
+    loss)."""
+    flat = next((m for m in modules if hasattr(m, "_same_storage")), None)
+    if flat is None:
+        return []
+    runtime = fsdp1_runtime()
+
+    def catch_all_reshard(state: Any) -> None:
+        handle = state._handle
+        if handle is None:
+            return
+        param = handle.flat_param
+        shard = param._local_shard
+        if _same_storage(param, shard) and param.storage_offset() == shard.storage_offset() \
+                and not handle._skipped_use_sharded_views:
+            return  # already resharded
+        runtime._reshard(state, handle, runtime._should_free_in_backward(state, handle))
+
+    return [(flat, "_same_storage", _same_storage), (flat, "_data_ptr_allocated", _allocated),
+            (runtime, "_catch_all_reshard", catch_all_reshard)]
+
+
+# FSDP2's functions that resize a storage, and the first FSDP's (the flat parameters')
+_RESIZES = ("alloc_storage", "free_storage", "_alloc_storage", "_free_storage")
+
+
+def _allocated(t: torch.Tensor) -> bool:
+    return t.untyped_storage().nbytes() > 0
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors (or the local tensors of DTensors) share a storage."""
+    return storage_key(local_tensor(a))[0] == storage_key(local_tensor(b))[0]

@@ -42,13 +42,18 @@ def mse_loss_output(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ArgMeta
     """``mse_loss``: a structured kernel whose meta function (aten/src/ATen/native/Loss.cpp,
     TORCH_META_FUNC(mse_loss)) builds the output as the broadcast of input and target, then,
     for a mean or sum, ``resize_({})``: the 0-d loss keeps that whole storage (measured: a mean
-    over 16x256 float32 holds 16,384 bytes).  Every device runs this meta function."""
+    over 16x256 float32 holds 16,384 bytes).  Its dtype is input's and target's promoted, as a
+    binary op's (a bfloat16 output against float32 targets gives a float32 loss).  Every device
+    runs this meta function."""
     input_, target = args[0], args[1]
     reduction = args[2] if len(args) > 2 else kwargs.get("reduction", 1)
     shape = tuple(torch.broadcast_shapes(input_.shape, target.shape))
+    # only the dimension count and dtype choose the result type: empty stand-ins of that many dims
+    dtype = torch.result_type(*(torch.empty((1,) * len(a.shape), dtype=a.dtype, device="meta")
+                                for a in (input_, target)))
     if reduction == 0:
-        return _contiguous(shape, input_.dtype)
+        return _contiguous(shape, dtype)
     numel = 1
     for n in shape:
         numel *= n
-    return ArgMeta((), input_.dtype, (), storage_numel=numel)
+    return ArgMeta((), dtype, (), storage_numel=numel)
