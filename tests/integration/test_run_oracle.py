@@ -5,6 +5,7 @@ step's peak to the byte."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -129,6 +130,20 @@ def test_cli_json_names_the_program_and_its_model() -> None:
     assert data["train"]["peak_bytes"] == real.peak_bytes
 
 
+def test_logging_services_are_off_for_the_program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program runs with Weights & Biases disabled (wandb reads WANDB_MODE: its runs log and
+    send nothing); graphmem's own environment is as it was."""
+    script = tmp_path / "logs.py"
+    script.write_text("import os\nimport torch\n"
+                      "assert os.environ['WANDB_MODE'] == 'disabled', os.environ.get('WANDB_MODE')\n"
+                      "w = torch.nn.Parameter(torch.ones(4))\nopt = torch.optim.SGD([w], lr=0.1)\n"
+                      "for _ in range(2):\n    (w * 2).sum().backward()\n    opt.step()\n")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    report = run_program(str(script)).train
+    assert report is not None and report.peak_bytes > 0
+    assert os.environ["WANDB_MODE"] == "online"
+
+
 def test_cli_errors() -> None:
     code, _, out = _cli("run", str(PROGRAMS / "raises.py"))
     assert code == 3 and "raised ValueError: the data folder is missing after 1 optimizer step" in out, out
@@ -140,6 +155,24 @@ def test_cli_errors() -> None:
     code, _, out = _cli("run")
     assert code == 2 and "give the program to run" in out, out
     assert sys.argv[0] != "no/such/train.py"  # the program's argv does not leak into graphmem's
+
+
+def test_an_error_raised_inside_a_library_names_the_programs_line(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library raising deep inside (transformers, offline, asked for a model it has not
+    cached): the program's own line that called it, then the library's line that raised; none
+    of the library's frames between them, none of Python's own."""
+    pytest.importorskip("transformers")
+    script = tmp_path / "offline.py"
+    script.write_text("import json\nfrom transformers import AutoConfig\n\n"
+                      "json.dumps({})\nconfig = AutoConfig.from_pretrained('no-such-org/no-such-model')\n")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _, out = _cli("run", str(script))
+    assert code == 3 and "raised OSError" in out, out
+    lines = [line.strip() for line in out.splitlines() if line.startswith("  /") or line.startswith("  offline")]
+    assert lines[0].endswith("offline.py:5: config = AutoConfig.from_pretrained('no-such-org/no-such-model')"), out
+    assert len(lines) == 2 and "/transformers/" in lines[1], out  # the one line of the library's that raised
 
 
 def test_program_doing_what_analyze_does_gives_analyzes_bytes() -> None:

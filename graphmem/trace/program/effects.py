@@ -17,6 +17,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 
 from graphmem.patching import replaced_everywhere
 
-__all__ = ["program_line", "skipping_saves"]
+__all__ = ["frame_kind", "program_line", "skipping_saves"]
 
 _RUNPY = frozenset({"<frozen runpy>", runpy.__file__})
 _NOT_THE_PROGRAM = ("/torch/", "/graphmem/", "/safetensors/", "runpy.py", "<frozen", "<string>")
@@ -42,7 +43,7 @@ def program_line() -> str:
         path = frame.f_code.co_filename
         if path in _RUNPY:
             break
-        kind = _kind(path)
+        kind = frame_kind(path)
         if kind == "program":
             return _line(path, frame.f_lineno)
         if kind == "library" and library is None:
@@ -51,12 +52,18 @@ def program_line() -> str:
     return library or "?"
 
 
+# Python's own modules (json, threading, ...): not the program's
+_STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
+
+
 @functools.cache
-def _kind(path: str) -> str:
+def frame_kind(path: str) -> str:
     """"program", "library" (installed: site-packages) or "torch" (torch, graphmem, Python's own)."""
     if any(part in path for part in _NOT_THE_PROGRAM):
         return "torch"
-    return "library" if "-packages/" in path else "program"
+    if "-packages/" in path:
+        return "library"
+    return "torch" if path.startswith(_STDLIB) else "program"
 
 
 @functools.cache

@@ -48,7 +48,7 @@ from graphmem.records import Phase, Trace
 from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.program.books import Books, Enough, hooks
-from graphmem.trace.program.effects import program_line, skipping_saves
+from graphmem.trace.program.effects import frame_kind, program_line, skipping_saves
 from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.program.loads import loading_headers_only
 from graphmem.trace.program.ranks import as_rank
@@ -92,8 +92,9 @@ _SINGLETONS = (("accelerate.state", ("PartialState", "AcceleratorState", "Gradie
 
 # the program's environment: transformers loads a checkpoint's tensors in a pool of threads
 # unless told not to, and a thread's ops are not seen by the recording (dispatch modes belong
-# to the thread that entered them); loaded in the program's thread, the same tensors result
-_ENVIRON = {"HF_DEACTIVATE_ASYNC_LOAD": "1"}
+# to the thread that entered them); loaded in the program's thread, the same tensors result.
+# Weights & Biases logs nothing and sends nothing (its runs are no-ops: a pre-flight is no run)
+_ENVIRON = {"HF_DEACTIVATE_ASYNC_LOAD": "1", "WANDB_MODE": "disabled"}
 
 
 def _singletons() -> list[dict[str, Any]]:
@@ -285,9 +286,12 @@ def _trace(recorder: Recorder, books: Books, notes: tuple[str, ...]) -> Trace:
 
 def _failure(program: Program, exc: BaseException, steps: int) -> str:
     """The program's error, its traceback cut to the program's own frames (not torch's, not
-    graphmem's, not runpy's)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not any(part in f.filename for part in ("/torch/", "/graphmem/", "runpy.py", "<frozen"))]
-    where = "".join(f"\n  {f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in frames[-5:])
+    graphmem's, not runpy's, not an installed library's), then, where a library raised it, the
+    library's line that did."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    shown = [f for f in frames if frame_kind(f.filename) == "program"][-5:]
+    if frames and frame_kind(frames[-1].filename) == "library" and (not shown or shown[-1] is not frames[-1]):
+        shown.append(frames[-1])
+    where = "".join(f"\n  {f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in shown)
     after = f" after {steps} optimizer step{'s' * (steps != 1)}"
     return f"{program.command} raised {type(exc).__name__}: {str(exc).strip()}{after}{where}"
