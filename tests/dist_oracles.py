@@ -357,7 +357,8 @@ def _one_worker_gloo() -> None:
         _graphmem_oracle = True
 
         def __init__(self, store: Any, rank: int, size: int,
-                     timeout: datetime.timedelta = datetime.timedelta(seconds=60)) -> None:
+                     timeout: datetime.timedelta = datetime.timedelta(seconds=60), **newer: Any) -> None:
+            # newer torch passes more (2.14: enable_reconfigure), which the options given here replace
             options = base._Options()
             options._timeout = timeout
             options._threads = 1

@@ -109,6 +109,41 @@ def test_torchtitan_fsdp_four_ranks(titan_assets: Path) -> None:
         assert predicted[rank]["step_peak_bytes"] == [measured["phase_peaks"][f"step {k}"] for k in (1, 2)], rank
 
 
+_PP = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.spmd_backend", "partial_dtensor"]
+
+
+def _schedules_take_micro_batches() -> bool:
+    """Whether this torch's pipeline schedules take ``step(arg_mbs=...)`` (torch 2.14 does)."""
+    import inspect
+
+    from torch.distributed.pipelining import schedules
+
+    return all("arg_mbs" in inspect.signature(cls.step).parameters
+               for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti))
+
+
+@pytest.mark.skipif(not _schedules_take_micro_batches(),
+                    reason="torchtitan 0.3.0's pipeline schedules call step(arg_mbs=...), which this torch's do not "
+                           "take (torch 2.14's do: pip install torch==2.14.1)")
+@pytest.mark.parametrize("world, extra", [
+    (2, []),
+    (2, ["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    (4, ["--parallelism.data_parallel_shard_degree", "2"]),
+], ids=["1f1b-2-stages", "interleaved-1f1b", "2-stages-x-fsdp-2"])
+def test_torchtitan_pipeline_parallel(titan_assets: Path, world: int, extra: list[str]) -> None:
+    """torchtitan's own pipeline parallelism (its stages built from the model's layers, its
+    schedule's step with micro-batches, shapes told at run time), alone and with FSDP2 over
+    the other mesh dimension: every rank, each step, equal to the real gloo run."""
+    argv = [*TINY, *_PP, *extra]
+    real = measure_program_distributed(TRAIN, argv, world_size=world, steps=2)
+    ranks = _graphmem_run("--nproc-per-node", str(world), "--ranks", "all", TRAIN, *argv)["train"]["ranks"]
+    predicted = {r["rank"]: r for r in ranks}
+    assert sorted(predicted) == list(range(world))
+    for rank, measured in enumerate(real):
+        assert predicted[rank]["peak_bytes"] == measured["peak_bytes"], rank
+        assert predicted[rank]["step_peak_bytes"] == [measured["phase_peaks"][f"step {k}"] for k in (1, 2)], rank
+
+
 def test_torchtitan_own_config_on_eight_gpus(titan_assets: Path) -> None:
     """torchtitan's debugmodel as it is (FlexAttention, selective activation checkpointing, bf16
     FSDP parameters, seq 2048 x 8) on 8 fake H100s: it runs, FlexAttention as one kernel each way
