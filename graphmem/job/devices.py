@@ -1,4 +1,5 @@
-"""Stage 1 (and 2): the user's CUDA calls, answered on a CPU-only torch.
+"""Stage 1 (and 2): the user's CUDA calls, answered on a CPU-only torch (or a CUDA build of
+torch, without asking its driver: the machine need have no GPU).
 
 Input: the analysed device (``cpu`` or ``cuda``) and the device graphmem's tensors live on
 while the user's code runs (``meta`` while the model is built, the fake tensors' ``cpu``
@@ -11,7 +12,8 @@ a GPU runs unchanged:
   ``with torch.device("cuda"):``) put the tensor where graphmem's tensors live;
 - ``torch.cuda.is_available()`` answers whether the analysed device is ``cuda``, and
   ``device_count()`` agrees (1 or 0); ``current_device()`` is 0; ``set_device``,
-  ``synchronize`` and ``empty_cache`` do nothing.
+  ``synchronize`` and ``empty_cache`` do nothing; the current stream captures no CUDA graph;
+  ``torch.accelerator`` answers the same.
 
 Without it a CPU-only torch raises "Torch not compiled with CUDA enabled" at the first of
 these calls.  What is analysed does not change: the device whose memory is predicted is the
@@ -65,20 +67,52 @@ class _CudaDevicesHere(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Stream:
+    """The stream a CUDA call is told is current: it captures no graph and waits for nothing."""
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
 def _answers(target: str) -> dict[tuple[Any, str], Callable[..., Any]]:
     """(owner, attribute) -> the function that replaces it while the user's code runs (each
-    its own function object: torch._dynamo keys a table by them)."""
+    its own function object: torch._dynamo keys a table by them).  ``torch.accelerator``
+    answers the same: in a CUDA build of torch (on a machine with no GPU, or whatever GPU it
+    has) its functions would ask the driver; torch's optimizers ask it whether a CUDA graph is
+    being captured when CUDA is available."""
     on_cuda = target == "cuda"
-    return {
+    answers: dict[tuple[Any, str], Callable[..., Any]] = {
         (torch.cuda, "is_available"): lambda: on_cuda,
         (torch.cuda, "device_count"): lambda: 1 if on_cuda else 0,
         (torch.cuda, "current_device"): lambda: 0,
         (torch.cuda, "set_device"): lambda device: None,
         (torch.cuda, "synchronize"): lambda device=None: None,
         (torch.cuda, "empty_cache"): lambda: None,
+        (torch.cuda, "current_stream"): lambda device=None: _Stream(),
+        (torch.cuda, "default_stream"): lambda device=None: _Stream(),
+        (torch.cuda, "is_current_stream_capturing"): lambda: False,
         # module.cuda() would visit every tensor only to leave it where it is
         (nn.Module, "cuda"): lambda self, device=None: self,
     }
+    accelerator: dict[str, Callable[..., Any]] = {
+        "is_available": lambda: on_cuda, "device_count": lambda: 1 if on_cuda else 0,
+        "current_accelerator": lambda check_available=False: torch.device("cuda") if on_cuda else None,
+        "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
+        "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
+        "synchronize": lambda device=None: None, "current_stream": lambda device=None: _Stream(),
+    }
+    answers.update({(torch.accelerator, name): value for name, value in accelerator.items()
+                    if hasattr(torch.accelerator, name)})
+    return answers
 
 
 def _import_dynamo_first() -> None:

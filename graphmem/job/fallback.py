@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from graphmem._torch_api import OP_ERRORS
+from graphmem._torch_api import OP_ERRORS, StorageWeakRef, storage_key
 from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.values import keep_value, kept_values
 
@@ -112,13 +112,14 @@ class TooLarge(BaseException):
 
 
 class _CreatedBytes(TorchFunctionMode):
-    """Adds up the bytes of the storages torch calls create (each address once); a factory's
-    size is checked on the meta device before it allocates anything."""
+    """Adds up the bytes of the storages torch calls create (each storage once, while it
+    lives: a storage freed and a new one made at its address are two); a factory's size is
+    checked on the meta device before it allocates anything."""
 
     def __init__(self, limit: int) -> None:
         super().__init__()
         self.limit, self.total = limit, 0
-        self.seen: set[int] = set()
+        self.seen: dict[int, StorageWeakRef] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -128,10 +129,13 @@ class _CreatedBytes(TorchFunctionMode):
             raise TooLarge(planned)
         out = func(*args, **kwargs)
         for t in _tensors(out):
-            if t.is_meta or t.layout != torch.strided or t.untyped_storage().data_ptr() in self.seen:
+            if t.is_meta or t.layout != torch.strided:
                 continue
-            self.seen.add(t.untyped_storage().data_ptr())
-            self.total += t.untyped_storage().nbytes()
+            cdata, ref, nbytes = storage_key(t)
+            if cdata in self.seen and not self.seen[cdata].expired():
+                continue
+            self.seen[cdata] = ref
+            self.total += nbytes
         if self.total > self.limit:
             raise TooLarge(self.total)
         return out

@@ -76,6 +76,14 @@ _FP32 = (  # AT_FORALL_FP32
     "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
     "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
 )
+# fp32 ops registered in autocast_mode.cpp outside the macros by newer torch releases, kept
+# where the installed torch has the op: linalg_matrix_sqrth (torch 2.14; under autocast on a
+# fake CUDA tensor a float16 input gives a float32 result, as rsqrt's does)
+FP32_OUTSIDE_THE_MACROS = tuple(name for name in ("linalg_matrix_sqrth",) if hasattr(torch.ops.aten, name))
+# registered for AutocastCUDA by CUDA builds only (aten/src/ATen/cudnn/AutocastRNN.cpp: it casts
+# a recurrent layer's input, state and weights to the low dtype and re-flattens the weights):
+# not modelled, the CUDA target runs a recurrent layer under autocast in its own dtype
+NOT_MODELLED = ("_cudnn_rnn",)
 _FP32_SET_OPT_DTYPE = (  # AT_FORALL_FP32_SET_OPT_DTYPE
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
     "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
@@ -100,6 +108,7 @@ _BANNED_MESSAGE = (
 CUDA_POLICIES: Mapping[str, CastPolicy] = MappingProxyType({
     **dict.fromkeys(_LOWER_PRECISION_FP, CastPolicy.LOWER_PRECISION_FP),
     **dict.fromkeys(_FP32, CastPolicy.FP32),
+    **dict.fromkeys(FP32_OUTSIDE_THE_MACROS, CastPolicy.FP32),
     **dict.fromkeys(_FP32_SET_OPT_DTYPE, CastPolicy.FP32_SET_OPT_DTYPE),
     **dict.fromkeys(_APPEND_DTYPE_REDISPATCH, CastPolicy.FP32_APPEND_DTYPE),
     **dict.fromkeys(_PROMOTE, CastPolicy.PROMOTE),

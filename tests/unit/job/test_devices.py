@@ -156,3 +156,20 @@ def test_torch_dynamo_first_imported_while_cuda_calls_are_answered_keeps_torchs_
               "print(original is not answer, original in table, answer in table, kept is original)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "True", "False", "True"], done.stderr
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_torch_accelerator_answers_without_asking_a_driver(target: str) -> None:
+    """torch.accelerator agrees with torch.cuda, and the current stream captures no CUDA graph:
+    torch's optimizers ask it (``_accelerator_graph_capture_health_check``) whenever CUDA is
+    available, which in a CUDA build of torch on a machine with no GPU would ask the driver
+    and fail ("Found no NVIDIA driver")."""
+    with cuda_calls_on_cpu(target):
+        expected = torch.device("cuda") if target == "cuda" else None
+        assert torch.accelerator.current_accelerator(check_available=True) == expected
+        assert torch.accelerator.is_available() is (target == "cuda")
+        assert not torch.accelerator.current_stream().is_capturing()
+        assert not torch.cuda.current_stream().is_capturing() and not torch.cuda.is_current_stream_capturing()
+        param = nn.Parameter(torch.ones(2))
+        param.grad = torch.ones(2)
+        torch.optim.Adam([param]).step()  # the health check runs inside
