@@ -26,9 +26,12 @@ __all__ = ["forks_ranks", "record_ranks"]
 def forks_ranks(parallel: ParallelSpec | None, ranks: Sequence[int]) -> bool:
     """Whether record_ranks records these ranks from one shared beginning: ZeRO-1 alone (DDP's
     ranks are alike; FSDP2, TP and PP ranks differ from the first op).  ``GRAPHMEM_FORK_RANKS=0``:
-    never (each rank recorded on its own)."""
+    never (each rank recorded on its own).  Never in a CUDA build of torch either: there a
+    process forked after the recorded backward cannot run autograd again ("Unable to handle
+    autograd's threading in combination with fork-based multiprocessing", seen with torch
+    2.14.1's CUDA build on a machine with no GPU), so each rank is recorded on its own."""
     return (parallel is not None and len(ranks) > 1 and {name for name, _ in parallel.degrees} == {"zero1"}
-            and parallel.parallelize is None and hasattr(os, "fork")
+            and parallel.parallelize is None and hasattr(os, "fork") and torch.version.cuda is None
             and os.environ.get("GRAPHMEM_FORK_RANKS", "1") != "0")
 
 
