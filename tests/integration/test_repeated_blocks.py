@@ -16,7 +16,7 @@ import graphmem
 import graphmem.trace.repeat as record
 from graphmem.trace.repeat.blocks import find_stack
 from graphmem.trace.repeat.place import KEEP, same_trace
-from tests.optional import installed
+from tests.optional import extended, installed
 
 LAYERS = 6
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4)
@@ -135,10 +135,19 @@ def _same_reports(fast: Any, whole: Any) -> None:
 
 
 SLOW = {"gpt2"}  # cases over 10 s here
+# the same check on more variants of the Llama's step (its plain AdamW, foreach AdamW, inference,
+# LoRA and H100 steps run by default) and of a PyTorch encoder (BERT's runs): GRAPHMEM_EXTENDED=1
+MORE = {"llama checkpointing every second block", "llama bf16 autocast", "llama pruned", "llama 8-bit adamw",
+        "llama adam fused", "torch transformer encoder"}
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    more = extended("the Llama's AdamW, foreach, inference, LoRA and H100 steps run by default")
+    return [*([pytest.mark.slow] if name in SLOW else []), *([more] if name in MORE else [])]
 
 
 @pytest.mark.parametrize("name, build, inputs, keywords, packages",
-                         [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW else []) for c in CASES])
+                         [pytest.param(*c, id=c[0], marks=_marks(c[0])) for c in CASES])
 def test_repeated_blocks_give_the_whole_recording(monkeypatch: pytest.MonkeyPatch, name: str, build: Any,
                                                   inputs: list[str], keywords: dict[str, Any],
                                                   packages: tuple[str, ...]) -> None:
