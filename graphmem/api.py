@@ -56,7 +56,7 @@ from graphmem.trace import (
     trace_program,
 )
 from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.workers import fork_each, fork_map, fork_once, processes
+from graphmem.workers import fork_each, fork_map, fork_once, forked_autograd_works, processes
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve", "run_program"]
 
@@ -290,7 +290,7 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
                                 cuda=CudaKernels(cuda[0], job.sdpa) if cuda else None)
             reports = [analysed(trace, backends) for trace, backends in made]
             here = 1  # the first rank was recorded in this process: its graph is here
-        elif fork_ranks and len(ranks) > 1 and processes() > 1:  # each rank in a worker process
+        elif fork_ranks and len(ranks) > 1 and processes() > 1 and forked_autograd_works():  # each in a worker
             reports = fork_map(lambda r: with_graph(one(m, config, inputs, r), torch.fx.Graph()), ranks,
                                what="recording a rank")
             here = 0

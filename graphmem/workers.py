@@ -44,6 +44,29 @@ def processes() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def forked_autograd_works() -> bool:
+    """Whether a process forked from this one now can run autograd.  A CPU build of torch always
+    can; a CUDA build refuses in a child once this process has recorded a step ("Unable to
+    handle autograd's threading in combination with fork-based multiprocessing", seen with
+    torch 2.14.1's CUDA build on a machine with no GPU: a second analysis in one Python process
+    could not record its ranks in forked workers).  Asked of a forked child."""
+    import torch  # the caller has imported it: only a lookup here
+
+    if torch.version.cuda is None and torch.version.hip is None:
+        return True
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            weight = torch.ones(1, requires_grad=True)
+            (weight * 2).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 def after_fork(parent: int) -> None:
     """What every forked worker or rank process does first.
 
@@ -103,9 +126,10 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str,
     """``[function(item) for item in items]``, the calls in forked worker processes when more
     than one core is there (``what``: what a call does, for the message when a worker dies).
     An exception a call raises is raised here.  ``done(index, result)``, when given, is called
-    here (in this process) as each call ends, in the order they end."""
+    here (in this process) as each call ends, in the order they end.  In this process, one
+    after another, also where a forked process could not run autograd (forked_autograd_works)."""
     workers = min(processes(), len(items))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods() or not forked_autograd_works():
         return [_reported(n, function(item), done) for n, item in enumerate(items)]
     global _PENDING
     _PENDING = (function, items)
@@ -158,7 +182,7 @@ def fork_each(function: Callable[[T], R], items: Sequence[T], *, what: str) -> l
     most ``processes()`` at once; one after another in this process where there is no fork
     (or inside a worker).  What a call writes to ``sys.stdout`` is written here when it ends,
     in the order of the items.  An exception a call raises is raised here."""
-    if _IN_WORKER or "fork" not in multiprocessing.get_all_start_methods():
+    if _IN_WORKER or "fork" not in multiprocessing.get_all_start_methods() or not forked_autograd_works():
         return [function(item) for item in items]
     from multiprocessing.connection import wait as wait_for
 

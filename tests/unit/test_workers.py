@@ -9,11 +9,14 @@ the ops are large enough to run in parallel (past ATen's grain size), as a real 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.conftest import ROOT
 
 PARALLEL_OP = "torch.exp(torch.ones(4_000_000)).sum().item()"
 
@@ -46,3 +49,26 @@ def test_children_forked_after_parallel_ops_finish(script: str, printed: str) ->
         done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                               timeout=60, env={"GRAPHMEM_PROCESSES": "2", "PATH": "/usr/bin:/bin"})
         assert done.returncode == 0 and done.stdout.strip() == printed, done
+
+
+def test_forked_children_run_autograd_after_a_recorded_step_or_the_calls_stay_here() -> None:
+    """After a step was recorded in this process, fork_map's calls run autograd: in forked
+    workers where a child can (a CPU build of torch), else here, one after another (a CUDA
+    build refuses autograd in a child forked after it: forked_autograd_works asks a child)."""
+    script = textwrap.dedent("""
+        import os, torch, graphmem
+        from graphmem.workers import fork_map, forked_autograd_works
+        graphmem.analyze("tests/models.py:MLP", ["4x1000"], mode="train", optimizer="adam")
+        def step(n):
+            w = torch.ones(n, requires_grad=True)
+            (w * 2).sum().backward()
+            return (int(w.grad.sum()), os.getpid())
+        results = fork_map(step, [1, 2, 3], what="a backward")
+        assert [r[0] for r in results] == [2, 4, 6], results
+        here = all(pid == os.getpid() for _, pid in results)
+        assert here is not forked_autograd_works() or os.cpu_count() == 1, (results, forked_autograd_works())
+        print("cuda" if torch.version.cuda else "cpu", "here" if here else "forked")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GRAPHMEM_PROCESSES": "2"}, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
