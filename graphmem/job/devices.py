@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from graphmem.patching import patched
 
-__all__ = ["cuda_calls_on_cpu"]
+__all__ = ["IdleEvent", "IdleStream", "cuda_calls_on_cpu"]
 
 _TENSOR_MOVES = (torch.Tensor.to, torch.Tensor.cuda)
 
@@ -67,20 +67,58 @@ class _CudaDevicesHere(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _Stream:
-    """The stream a CUDA call is told is current: it captures no graph and waits for nothing."""
+class IdleStream:
+    """A CUDA stream that orders nothing (the recording runs every op in program order), waits
+    for nothing and captures no CUDA graph: what graphmem's CUDA answers give as a stream."""
 
-    def is_capturing(self) -> bool:
-        return False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = torch.device("cuda", 0)
+
+    def __enter__(self) -> IdleStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> IdleEvent:
+        return event if isinstance(event, IdleEvent) else IdleEvent()
 
     def synchronize(self) -> None:
         return None
 
-    def wait_stream(self, stream: Any) -> None:
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:  # no CUDA graph is captured
+        return False
+
+
+class IdleEvent:
+    """A CUDA event: recorded, waited on, always complete, no time elapsed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
         return None
 
     def query(self) -> bool:
         return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
 
 
 def _answers(target: str) -> dict[tuple[Any, str], Callable[..., Any]]:
@@ -97,8 +135,8 @@ def _answers(target: str) -> dict[tuple[Any, str], Callable[..., Any]]:
         (torch.cuda, "set_device"): lambda device: None,
         (torch.cuda, "synchronize"): lambda device=None: None,
         (torch.cuda, "empty_cache"): lambda: None,
-        (torch.cuda, "current_stream"): lambda device=None: _Stream(),
-        (torch.cuda, "default_stream"): lambda device=None: _Stream(),
+        (torch.cuda, "current_stream"): lambda device=None: IdleStream(),
+        (torch.cuda, "default_stream"): lambda device=None: IdleStream(),
         (torch.cuda, "is_current_stream_capturing"): lambda: False,
         # module.cuda() would visit every tensor only to leave it where it is
         (nn.Module, "cuda"): lambda self, device=None: self,
@@ -108,7 +146,7 @@ def _answers(target: str) -> dict[tuple[Any, str], Callable[..., Any]]:
         "current_accelerator": lambda check_available=False: torch.device("cuda") if on_cuda else None,
         "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
         "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
-        "synchronize": lambda device=None: None, "current_stream": lambda device=None: _Stream(),
+        "synchronize": lambda device=None: None, "current_stream": lambda device=None: IdleStream(),
     }
     answers.update({(torch.accelerator, name): value for name, value in accelerator.items()
                     if hasattr(torch.accelerator, name)})

@@ -50,6 +50,7 @@ from graphmem._torch_api import (
     tree_flatten,
 )
 from graphmem.errors import UnsupportedError
+from graphmem.job.devices import IdleEvent, IdleStream
 from graphmem.patching import patched
 from graphmem.records import Trace
 from graphmem.trace.core.recorder import Recorder
@@ -100,37 +101,6 @@ class _Properties:
     is_multi_gpu_board: bool = False
 
 
-class _Stream:
-    """A CUDA stream that orders nothing: the recording runs every op in program order."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.device = _CUDA
-
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def wait_stream(self, *args: Any) -> None:
-        return None
-
-    def wait_event(self, *args: Any) -> None:
-        return None
-
-    def record_event(self, event: Any = None) -> _Event:
-        return event if isinstance(event, _Event) else _Event()
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:  # no CUDA graph is captured
-        return False
-
-
 def _no_cuda_graphs(name: str) -> type:
     """``torch.cuda``'s CUDA-graph API (``name``): refused with what to do instead when called.  A
     class, not a function: a library may name it in an annotation evaluated at import
@@ -152,28 +122,6 @@ class _OnDevice:
 
     def __exit__(self, *exc: Any) -> None:
         return None
-
-
-class _Event:
-    """A CUDA event: recorded, waited on, always complete, no time elapsed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def record(self, *args: Any) -> None:
-        return None
-
-    def wait(self, *args: Any) -> None:
-        return None
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
 
 
 class _Counters:
@@ -385,11 +333,11 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "reset_peak_memory_stats": counters.reset, "reset_max_memory_allocated": counters.reset,
         "reset_accumulated_memory_stats": lambda device=None: None,
         "set_per_process_memory_fraction": lambda fraction, device=None: None,
-        "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
+        "Stream": IdleStream, "Event": IdleEvent, "current_stream": lambda device=None: IdleStream(),
         "device": _OnDevice, "device_of": _OnDevice,
         **_generator_answers(),
         "memory_summary": lambda device=None, abbreviated=False: _summary(counters.now()),
-        "default_stream": lambda device=None: _Stream(), "stream": lambda stream=None: stream or _Stream(),
+        "default_stream": lambda device=None: IdleStream(), "stream": lambda stream=None: stream or IdleStream(),
         **{name: _no_cuda_graphs(name) for name in ("graph_pool_handle", "CUDAGraph", "graph",
                                                     "make_graphed_callables")},
     }
@@ -398,7 +346,7 @@ def _answers(gpu: GpuTarget, counters: _Counters) -> list[tuple[Any, str, Any]]:
         "is_available": lambda: True, "current_accelerator": lambda check_available=False: torch.device("cuda"),
         "device_count": lambda: 1, "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
         "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
-        "synchronize": lambda device=None: None, "current_stream": lambda device=None: _Stream(),
+        "synchronize": lambda device=None: None, "current_stream": lambda device=None: IdleStream(),
         "empty_cache": lambda: None, "get_memory_info": answers["mem_get_info"],
         **{name: answers[name] for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
                                             "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
