@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from graphmem import interrupts
 from graphmem.errors import TraceError
 
-__all__ = ["after_fork", "die_with_parent", "fork_each", "fork_map", "fork_once", "processes"]
+__all__ = ["after_fork", "die_with_parent", "fork_each", "fork_map", "fork_once", "how_it_ended", "processes"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -95,6 +95,35 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def how_it_ended(status: int) -> str:
+    """How a process ended, from its wait status (``os.waitpid``): "exited with status 1",
+    "killed by SIGSEGV", "killed by SIGKILL (out of memory?)" (Linux's OOM killer sends SIGKILL)."""
+    if os.WIFSIGNALED(status):
+        return _killed_by(os.WTERMSIG(status))
+    if os.WIFEXITED(status):
+        return f"exited with status {os.WEXITSTATUS(status)}"
+    return f"ended with wait status {status}"
+
+
+def _killed_by(number: int) -> str:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return f"killed by {name}" + (" (out of memory?)" if number == signal.SIGKILL else "")
+
+
+def _exit_code_ended(exitcode: int | None) -> str:
+    """How a ``multiprocessing.Process`` ended, from its ``exitcode`` (-N: killed by signal N)."""
+    if exitcode is None:
+        return "how it ended is not known"
+    return _killed_by(-exitcode) if exitcode < 0 else f"exited with status {exitcode}"
+
+
+def _died(what: str, how: str) -> TraceError:
+    return TraceError(f"a process {what} died without a result: {how}")
+
+
 def _reported(index: int, result: R, done: Callable[[int, R], None] | None) -> R:
     if done is not None:
         done(index, result)
@@ -136,10 +165,12 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str,
     others = set(multiprocessing.active_children())  # the caller's own child processes: left alone
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_mark_worker,
                                initargs=(os.getpid(),))
+    started: set[Any] = set()  # the pool's processes seen so far: which one died, if one does
     try:
         pending = [pool.submit(_call, n) for n in range(len(items))]
         reported: set[int] = set()
         while True:
+            started |= set(multiprocessing.active_children()) - others
             waiting = wait(pending, timeout=0.05).not_done
             if done is not None:
                 _report_ended(pending, reported, done)
@@ -147,14 +178,26 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], *, what: str,
                 break
             interrupts.check()
         return [p.result() for p in pending]
-    except BrokenProcessPool as exc:  # a worker died (killed for memory): say so, do not hang
-        raise TraceError(f"a worker process {what} died (out of memory?); run with GRAPHMEM_PROCESSES=1 "
+    except BrokenProcessPool as exc:  # a worker died (killed for memory, a crash): say how, do not hang
+        raise TraceError(f"a worker process {what} died: {_pool_death(started)}; run with GRAPHMEM_PROCESSES=1 "
                          "to run them one after another") from exc
     finally:
         for child in set(multiprocessing.active_children()) - others:  # an interrupted analysis stops now
             child.terminate()
         pool.shutdown(wait=True, cancel_futures=True)  # its thread ends before the interpreter does
         _PENDING = None
+
+
+def _pool_death(started: set[Any]) -> str:
+    """How the worker that broke a pool ended, as far as is known: the pool ends the others with
+    SIGTERM once one died, so an exit status or another signal names it."""
+    ended = []
+    for process in started:
+        process.join(0.2)
+        if process.exitcode not in (None, 0):
+            ended.append(process.exitcode)
+    first = [code for code in ended if code != -signal.SIGTERM] or ended
+    return _exit_code_ended(first[0]) if first else "how it ended is not known"
 
 
 def _run_forked(function: Callable[[T], R], item: T, sender: Any, parent: int) -> None:
@@ -206,9 +249,16 @@ def fork_each(function: Callable[[T], R], items: Sequence[T], *, what: str) -> l
                 index, process = running.pop(receiver)
                 try:
                     results[index] = receiver.recv()
-                except EOFError:  # it died without a word (killed for memory)
-                    results[index] = ("raised", TraceError(f"a process {what} died (out of memory?)"), "")
+                except EOFError:  # it died without a word (killed for memory, a crash, os._exit)
+                    process.join()
+                    results[index] = ("raised", _died(what, _exit_code_ended(process.exitcode)), "")
                 process.join()
+            for receiver, (index, process) in list(running.items()):
+                # ended without a word while a process it started holds its pipe open (no end of file)
+                if process.exitcode is not None and not receiver.poll():
+                    del running[receiver]
+                    receiver.close()
+                    results[index] = ("raised", _died(what, _exit_code_ended(process.exitcode)), "")
             interrupts.check()
     finally:
         for _, process in running.values():  # an interrupted run stops now
@@ -233,7 +283,6 @@ def fork_once(function: Callable[[], R], *, what: str) -> tuple[str, Any, str] |
     if not hasattr(os, "fork"):
         return None
     import pickle
-    import select
 
     parent = os.getpid()
     sys.stdout.flush()
@@ -258,31 +307,48 @@ def fork_once(function: Callable[[], R], *, what: str) -> tuple[str, Any, str] |
                                      written.getvalue()))
             with os.fdopen(writable, "wb") as pipe:
                 pipe.write(data)
-        except BaseException:  # broad: nothing may escape into the parent's code
+        except BaseException as exc:  # broad: nothing may escape into the parent's code
             code = 1
+            with contextlib.suppress(BaseException):  # broad: as above; stderr may be closed too
+                sys.stderr.write(f"graphmem: a process {what} could not send its result: {exc!r}\n")
         finally:
             sys.stderr.flush()
             os._exit(code)
     os.close(writable)
     chunks: list[bytes] = []
+    status = None
     try:
         with os.fdopen(readable, "rb") as pipe:
-            while True:
-                if not select.select([pipe], [], [], 0.05)[0]:
-                    interrupts.check()
-                    continue
-                chunk = os.read(pipe.fileno(), 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        os.waitpid(pid, 0)
+            status = _read_until_gone(pipe.fileno(), pid, chunks)
         pid = 0
     finally:
         if pid:  # an interrupted run stops now
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-    if not chunks:  # it died without a word (killed for memory)
-        return ("raised", TraceError(f"a process {what} died (out of memory?)"), "")
+    if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or not chunks:
+        how = how_it_ended(status) if status is not None else "how it ended is not known"
+        return ("raised", _died(what, how), "")
     result: tuple[str, Any, str] = pickle.loads(b"".join(chunks))
     return result
+
+
+def _read_until_gone(fd: int, pid: int, chunks: list[bytes]) -> int:
+    """Read ``fd`` into ``chunks`` until end of file, or until process ``pid`` has exited and what
+    it wrote is read (a process it started may hold the pipe open for ever: no end of file then);
+    its wait status, the process reaped."""
+    import select
+
+    while True:
+        if select.select([fd], [], [], 0.05)[0]:
+            chunk = os.read(fd, 1 << 20)
+            if chunk:
+                chunks.append(chunk)
+                continue
+            return os.waitpid(pid, 0)[1]  # end of file: it is ending
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            while select.select([fd], [], [], 0)[0] and (chunk := os.read(fd, 1 << 20)):
+                chunks.append(chunk)
+            return status
+        interrupts.check()
