@@ -37,6 +37,7 @@ import click
 
 from graphmem import interrupts, progress
 from graphmem.cli.exit_codes import CLOSED_PIPE, INTERRUPTED, CommandError, CommandExit, as_command_error
+from graphmem.cli.supervisor import own_arguments
 
 __all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "relay_progress", "set_progress",
            "user_output_to_stderr"]
@@ -166,11 +167,12 @@ def print_result(text: str) -> None:
 
 def _asks_for_json(argv: Sequence[str]) -> bool:
     """Whether the command line asks for ``--format json`` (read before parsing, so that a
-    usage error is reported as JSON too); the last --format wins, as click's does."""
-    fmt = None
-    for i, arg in enumerate(argv):
-        if arg == "--format" and i + 1 < len(argv):
-            fmt = argv[i + 1]
+    usage error is reported as JSON too); the last --format wins, as click's does.  Only
+    graphmem's own options count (``graphmem run``'s program's ``--format json`` is its own)."""
+    fmt, own = None, own_arguments(argv)
+    for i, arg in enumerate(own):
+        if arg == "--format" and i + 1 < len(own):
+            fmt = own[i + 1]
         elif arg.startswith("--format="):
             fmt = arg.partition("=")[2]
     return fmt == "json"

@@ -8,19 +8,28 @@ per progress report and one with the result: the text for stdout and the exit co
 chose.  Nothing is ever unpickled here.  The supervisor alone writes stdout and ends the
 process:
 
-- a result came: its text on stdout, its exit code;
+- a result came: its text on stdout, its exit code (stdout closed: 141; stdout failing, a full
+  disk: 3; an error's own code stands either way: it is on stderr already);
 - the child ended without one (``os._exit`` in the model's code, killed for memory, a crash),
   whatever its status: exit 3, naming how it ended;
-- SIGINT, SIGTERM or SIGHUP, at any moment: the child's whole process group (its workers and
-  ranks too) is killed at once, the temporary folder removed, nothing printed but one line on
-  stderr (and the JSON error document with ``--format json``), exit 128 + the signal;
+- SIGINT, SIGTERM or SIGHUP, at any moment before the result came: the child's whole process
+  group (its workers and ranks too) and every process below this one are killed at once, the
+  temporary folder removed, nothing printed but one line on stderr (and the JSON error document
+  with ``--format json``), exit 128 + the signal.  Once the result came, it stands; while its
+  writing is blocked (nobody reads the pipe), a signal ends the process with 128 + the signal;
 - ``--timeout DURATION`` passed: the same, exit 3, naming the last stage the child reported.
 
 The child runs in a process group of its own (a terminal's Ctrl-C reaches the supervisor only),
 dies with the supervisor (Linux's parent-death signal), reads stdin from /dev/null, writes the
 model's prints to stderr (fd 1 is stderr there; only graphmem's main thread writes the result),
 and keeps its temporary files, matplotlib's and inductor's caches in a folder this process
-removes.  Its threads end with it: the child exits as soon as the result is sent.
+removes.  Its threads end with it: the child exits as soon as the result is sent.  What the
+model's code started (a helper process, a subprocess in a session of its own) ends with the
+command: on Linux this process is a child subreaper, so every orphan below it is reparented to
+it, and at the end it kills and reaps every process below it before removing the folder.
+
+Closed standard streams (``2>&-``, ``>&-``) are /dev/null here from the first line on, so no
+pipe or file takes their numbers, and a closed stderr changes no exit code.
 """
 
 from __future__ import annotations
@@ -40,12 +49,40 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from graphmem.units import parse_duration
-from graphmem.workers import die_with_parent
+from graphmem.workers import die_with_parent, how_it_ended
 
-__all__ = ["main"]
+__all__ = ["RUN_FLAGS", "main", "own_arguments"]
 
-FAILED, INTERRUPTED_BASE = 3, 128  # graphmem.cli.exit_codes' FAILED; 128 + signal, as shells report it
+# graphmem.cli.exit_codes' USAGE, FAILED and CLOSED_PIPE (that module imports click); 128 + signal
+USAGE, FAILED, CLOSED_PIPE, INTERRUPTED_BASE = 2, 3, 141, 128
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_END_S = 2.0  # the longest the end waits for the processes below this one to be gone
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+# ``graphmem run``'s options that take no value; every other option of run takes one
+# (tests/unit/cli/test_supervisor_arguments.py keeps this equal to the click command's flags)
+RUN_FLAGS = frozenset({"--debug", "--progress", "--no-progress", "-h", "--help"})
+
+
+def own_arguments(argv: Sequence[str]) -> list[str]:
+    """The part of the command line that is graphmem's own: all of it, but for ``run``, whose
+    options end at the program, as python's do: at the script (the first argument that is
+    neither an option nor an option's value), after ``-m MODULE``, or at ``--``.  What follows
+    is the program's argv (its ``--timeout`` or ``--format json`` are not graphmem's)."""
+    if not argv or argv[0] != "run":
+        return list(argv)
+    at = 1
+    while at < len(argv):
+        token = argv[at]
+        if token == "--" or not token.startswith("-") or token == "-":
+            break
+        long = token.startswith("--")
+        name = token.partition("=")[0] if long else token[:2]
+        attached = "=" in token if long else len(token) > 2  # --opt=value, -mMODULE, -oFILE
+        at += 1 if name in RUN_FLAGS or attached else 2
+        if name == "-m":
+            break
+    return list(argv[:min(at, len(argv))])
 
 
 def _option(argv: Sequence[str], name: str) -> str | None:
@@ -62,50 +99,66 @@ def _option(argv: Sequence[str], name: str) -> str | None:
 class _Supervisor:
     """The one command this process runs: its child, its folder, what the child said."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
-        self.as_json = _option(argv, "--format") == "json"
-        timeout = _option(argv, "--timeout")
+    def __init__(self, argv: Sequence[str], stdout_closed: bool = False) -> None:
+        own = own_arguments(argv)  # graphmem run's program's options are the program's
+        self.as_json = _option(own, "--format") == "json"
+        timeout = _option(own, "--timeout")
         try:
             self.timeout_s = parse_duration(timeout) if timeout is not None else None
         except ValueError:  # the child's option parsing says so, as a usage error
             self.timeout_s = None
         self.timeout_text = timeout
+        self.stdout_closed = stdout_closed  # closed when graphmem started (``>&-``)
         self.pid = 0
         self.folder = ""
         self.last_progress = ""
         self.result: dict[str, Any] | None = None
         self.crash = ""  # graphmem's own error outside the command, in the child
+        self.pipe_closed = False  # end of file on the result pipe before the child exited
         self.signalled = 0
+        self.code: int | None = None  # the result's exit code, once its writing began
+        self.unwritten = b""  # what of the result stdout has not taken yet
         self._buffer = b""
 
     # -- the end of the command -----------------------------------------------------------------
     def cleanup(self) -> None:
-        """Kill the child's process group (whatever is left of it) and remove the folder."""
+        """Kill the child's process group (whatever is left of it) and every process below this
+        one, reap them, and remove the folder (after them: none of them writes there again)."""
         if self.pid:
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
+        _end_descendants()
+        self.pid = 0
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = ""
 
     def fail(self, kind: str, message: str, code: int) -> NoReturn:
         """End with ``Error: message`` on stderr (and the JSON error document), exit ``code``."""
         self.cleanup()
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"Error: {message}\n")
-            sys.stderr.flush()
-        if self.as_json:
+        _write_within(2, f"Error: {message}\n")
+        if self.as_json and not self.stdout_closed:
             document = {"error": {"kind": kind, "message": message, "exit_code": code}}
-            with contextlib.suppress(OSError, ValueError):
-                sys.stdout.write(json.dumps(document, indent=2) + "\n")
-                sys.stdout.flush()
+            _write_within(1, json.dumps(document, indent=2) + "\n")
         os._exit(code)
 
     def on_signal(self, signum: int, frame: Any) -> None:
-        """SIGINT, SIGTERM, SIGHUP: end now, whatever the child is doing (a second one too)."""
+        """SIGINT, SIGTERM, SIGHUP: end now, whatever the child is doing (a second one too).
+        Once the result came it stands: written in full, its exit code; while stdout does not
+        take it (a pipe nobody reads), 128 + the signal, the result cut short."""
+        if self.code is not None and not self.unwritten:
+            os._exit(self.code)
+        if self.code is not None:
+            self.cleanup()
+            _write_within(2, f"Error: interrupted ({_signal_name(signum)}) while writing the result: standard "
+                          "output did not take it (nobody reads it?); the result is cut short\n")
+            os._exit(INTERRUPTED_BASE + signum)
         if self.signalled:
             self.cleanup()
             os._exit(INTERRUPTED_BASE + signum)
         self.signalled = signum
+        if self.complete():  # the command had ended: its result stands
+            self.finish(0)
         self.fail("interrupted", f"interrupted ({_signal_name(signum)}): stopped before the result was written",
                   INTERRUPTED_BASE + signum)
 
@@ -131,17 +184,28 @@ class _Supervisor:
                     self.crash = message["crash"]
         return True
 
+    def complete(self) -> bool:
+        """Whether the child's result came, whole."""
+        result = self.result
+        return result is not None and isinstance(result.get("stdout"), str) and isinstance(result.get("exit"), int)
+
     def wait(self, fd: int) -> int:
-        """Relay until the child has exited; its wait status.  Its process group is killed
-        before it is reaped (its pid, the group's id, cannot have been reused yet)."""
+        """Relay until the child has exited, or has sent its result and had a second to exit;
+        its wait status.  Its process group is killed before it is reaped (its pid, the group's
+        id, cannot have been reused yet).  A process the child started may hold the pipe open:
+        the child's end, not the pipe's, ends the wait."""
         started = time.monotonic()
-        open_ = True
+        open_, result_at, reaped_at = True, 0.0, started
         while True:
             if open_:
                 open_ = self.read(fd, 0.05)
+                self.pipe_closed = not open_
             else:  # end of file: the child is ending
                 time.sleep(0.01)
-            if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            now = time.monotonic()
+            result_at = result_at or (now if self.result is not None else 0.0)
+            if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None or (
+                    result_at and now - result_at > 1.0):
                 while open_ and select.select([fd], [], [], 0)[0] and self.read(fd, 0):
                     pass
                 with contextlib.suppress(OSError):
@@ -149,32 +213,61 @@ class _Supervisor:
                 _, status = os.waitpid(self.pid, 0)
                 self.pid = 0
                 return status
-            if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+            if self.timeout_s is not None and now - started > self.timeout_s:
                 where = f"it was at: {self.last_progress}" if self.last_progress else \
                     "it had not reported any stage yet (importing or building the model)"
                 self.fail("analysis", f"timed out after {self.timeout_text} (--timeout); {where}", FAILED)
+            if now - reaped_at > 1.0:  # orphans of the model's processes, reparented here
+                _reap(keep=self.pid)
+                reaped_at = now
 
     def finish(self, status: int) -> NoReturn:
         """Write the result and exit with its code; without one, exit 3 saying how the child ended."""
-        result = self.result
         if self.crash:
             self.fail("internal", f"internal error: {self.crash} (rerun with --debug for the traceback, and please "
                       "report it)", FAILED)
-        if result is None or not isinstance(result.get("stdout"), str) or not isinstance(result.get("exit"), int):
-            self.fail("analysis", f"the analysis ended without a result: {_how_it_ended(status)}; "
+        if not self.complete():
+            self.fail("analysis", f"the analysis ended without a result: {self.how_it_ended(status)}; "
                       "rerun with --debug to see its traceback, or with --timeout if it hangs", FAILED)
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # the result is written: a signal now changes nothing
+        assert self.result is not None, "_Supervisor.finish: complete() without a result"
+        text, code = self.result["stdout"], int(self.result["exit"])
         self.cleanup()
+        code = self.write(text, code)
+        os._exit(code)
+
+    def write(self, text: str, code: int) -> int:
+        """Write the result's text to stdout; the exit code then.  Where stdout was closed (a
+        reader gone, ``>&-``) an answer (0, 1) becomes 141, where it failed (a full disk) 3 with
+        one line saying so; an error's own code stands (its message is on stderr already)."""
+        if not text:
+            return code
+        if self.stdout_closed:
+            return code if code >= USAGE else CLOSED_PIPE
         try:
-            sys.stdout.write(result["stdout"])
-            sys.stdout.flush()
+            data = text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+        except (UnicodeEncodeError, LookupError):
+            data = text.encode("utf-8", "replace")
+        self.unwritten, self.code = data, code  # from here on a signal changes nothing once it is written
+        try:
+            while self.unwritten:
+                self.unwritten = self.unwritten[os.write(1, self.unwritten):]
         except BrokenPipeError:
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            os._exit(141)
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        os._exit(int(result["exit"]))
+            return code if code >= USAGE else CLOSED_PIPE
+        except OSError as exc:
+            if code >= USAGE:
+                return code
+            self.code = FAILED
+            _write_within(2, f"Error: could not write the result to standard output: {exc.strerror or exc}\n")
+            return FAILED
+        return code
+
+    def how_it_ended(self, status: int) -> str:
+        how = f"its process {how_it_ended(status)}"
+        if os.WIFEXITED(status):
+            how += " before sending one"
+            how += (" (it closed the pipe graphmem reads the result from: does the program close file "
+                    "descriptors it did not open?)" if self.pipe_closed else " (the model's code called os._exit?)")
+        return how
 
 
 def _signal_name(number: int) -> str:
@@ -184,13 +277,106 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _how_it_ended(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        why = " (out of memory?)" if number == signal.SIGKILL else ""
-        return f"its process was killed by {_signal_name(number)}{why}"
-    code = os.WEXITSTATUS(status)
-    return f"its process exited with status {code} before writing one (the model's code called os._exit?)"
+def _write_within(fd: int, text: str, seconds: float = 1.0) -> None:
+    """Write ``text`` to ``fd`` unless it does not take it within ``seconds`` (a pipe nobody
+    reads): an error message must not keep the process from ending."""
+    data = text.encode("utf-8", "replace")
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(OSError, ValueError):
+        while data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                return
+            data = data[os.write(fd, data[:select.PIPE_BUF]):]  # a pipe with room takes PIPE_BUF bytes at once
+
+
+# ---------------------------------------------------------------------------------------------
+# The processes below this one
+
+
+def _become_subreaper() -> None:
+    """Linux: orphans below this process are reparented to it, not to init (PR_SET_CHILD_SUBREAPER),
+    so that ``_end_descendants`` finds and reaps them; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(ImportError, OSError, AttributeError):  # no ctypes, libc or prctl: not a subreaper
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _parents() -> dict[int, tuple[int, str]]:
+    """Every process's parent and state (Linux: /proc/PID/stat); empty without /proc."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as stat:
+                    fields = stat.read().rpartition(b")")[2].split()  # after the name, which may hold spaces
+            except OSError:  # it ended meanwhile
+                continue
+            found[int(name)] = (int(fields[1]), fields[0].decode())
+    return found
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below ``root``, zombies included."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in _parents().items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _reap(keep: int = 0) -> None:
+    """Reap this process's children that have ended, but ``keep``."""
+    me = os.getpid()
+    for pid, (parent, state) in _parents().items():
+        if parent == me and state in ("Z", "X") and pid != keep:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def _end_descendants() -> None:
+    """Kill every process below this one and reap them (orphans are reparented here, see
+    ``_become_subreaper``), until none is left or ``_END_S`` has passed."""
+    me, deadline = os.getpid(), time.monotonic() + _END_S
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        left = _descendants(me)
+        if not left or time.monotonic() > deadline:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def _standard_streams() -> bool:
+    """Open /dev/null on any of file descriptors 0, 1, 2 that is closed, so that no pipe or file
+    takes its number and what is written there goes nowhere; True when stdout was closed."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            closed.append(fd)
+    if 1 in closed or sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+    return 1 in closed
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -200,9 +386,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         from graphmem.cli.group import main as group
         group.main(args, prog_name="graphmem")
         raise SystemExit(0)
-    run = _Supervisor(args)
+    stdout_closed = _standard_streams()
+    run = _Supervisor(args, stdout_closed)
     for signum in _SIGNALS:
         signal.signal(signum, run.on_signal)
+    _become_subreaper()
     run.folder = tempfile.mkdtemp(prefix="graphmem-")
     read_fd, write_fd = os.pipe()
     supervisor = os.getpid()
@@ -254,36 +442,46 @@ class _Stdout(io.TextIOBase):
 def _child(argv: Sequence[str], write_fd: int, folder: str, parent: int) -> NoReturn:
     """Run the command; send the progress lines and the result to ``write_fd``; exit."""
     send = _sender(write_fd)
+    status = 0
     try:
         _isolate(folder, parent)
         stdout = _Stdout(sys.stderr)
         sys.stdout = stdout
         code = _run_command(argv, send)
-        send({"result": {"stdout": stdout.kept.getvalue(), "exit": code}})
+        result = {"result": {"stdout": stdout.kept.getvalue(), "exit": code}}
     except BaseException as exc:  # broad: graphmem's own failure outside the command: the supervisor says so
         import traceback
         with contextlib.suppress(OSError, ValueError):  # a closed stderr: the crash is still sent
             traceback.print_exc()
         with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
             send({"crash": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
+    else:
+        try:
+            send(result)
+        except OSError as exc:  # the model's code closed the pipe (or the supervisor is gone)
+            status = 1
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"graphmem: the result could not be sent to the supervising process: {exc}\n")
     finally:
         with contextlib.suppress(BaseException):  # broad: a forked child must reach os._exit, whatever happens
             sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
 
 
 def _isolate(folder: str, parent: int) -> None:
     """The child's own process group, death with the supervisor, signals at their defaults,
     stdin from /dev/null, fd 1 to stderr, temporary files and caches in ``folder``, no network
-    for Hugging Face, and the current directory no longer first on sys.path."""
+    for Hugging Face, and the current directory no longer first on sys.path (PYTHONPATH's stay)."""
     os.setpgid(0, 0)
     die_with_parent(parent)  # graphmem.workers: light, torch only on use
     for signum in _SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    sys.stdout.flush()
+    if devnull != 0:
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
     os.dup2(2, 1)
     caches = {"TMPDIR": "", "MPLCONFIGDIR": "matplotlib", "TORCHINDUCTOR_CACHE_DIR": "inductor",
               "TRITON_CACHE_DIR": "triton", "XDG_CACHE_HOME": "cache"}
@@ -292,8 +490,21 @@ def _isolate(folder: str, parent: int) -> None:
     tempfile.tempdir = folder
     for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[variable] = "1"
-    here = {"", os.getcwd()}
-    sys.path[:] = [entry for entry in sys.path if entry not in here]
+    sys.path[:] = _without_the_current_folder(sys.path)
+
+
+def _without_the_current_folder(path: Sequence[str]) -> list[str]:
+    """``path`` (sys.path) without the current folder, which python puts first for ``python -m
+    graphmem``, so that a ``transformers.py`` there is not imported in place of the real one
+    (graphmem.job.load adds it back after the installed packages for a target).  An entry
+    PYTHONPATH gives is kept where it stands, as python keeps it, even when it is the current
+    folder (a program run from a folder it also puts on PYTHONPATH imports its modules there)."""
+    here = os.path.realpath(os.getcwd())
+    text = os.environ.get("PYTHONPATH", "")
+    given = {os.path.realpath(entry or os.curdir) for entry in text.split(os.pathsep)} if text else set()  # "": here
+    pythons = 0 if getattr(sys.flags, "safe_path", False) else 1  # python's own first entry, -P aside
+    return [entry for n, entry in enumerate(path)
+            if os.path.realpath(entry or os.curdir) != here or (n >= pythons and here in given)]
 
 
 def _sender(fd: int) -> Callable[[dict[str, Any]], None]:
