@@ -61,7 +61,7 @@ _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 # ``graphmem run``'s options that take no value; every other option of run takes one
 # (tests/unit/cli/test_supervisor_arguments.py keeps this equal to the click command's flags)
-RUN_FLAGS = frozenset({"--debug", "--progress", "--no-progress", "-h", "--help"})
+RUN_FLAGS = frozenset({"--allow-network", "--debug", "--progress", "--no-progress", "-h", "--help"})
 
 
 def own_arguments(argv: Sequence[str]) -> list[str]:
@@ -262,12 +262,13 @@ class _Supervisor:
         return code
 
     def how_it_ended(self, status: int) -> str:
-        how = f"its process {how_it_ended(status)}"
-        if os.WIFEXITED(status):
-            how += " before sending one"
-            how += (" (it closed the pipe graphmem reads the result from: does the program close file "
-                    "descriptors it did not open?)" if self.pipe_closed else " (the model's code called os._exit?)")
-        return how
+        """How the child ended without a result: "its process exited with status 1 before sending
+        one (...)", "its process was killed by SIGSEGV"."""
+        if not os.WIFEXITED(status):
+            return f"its process was {how_it_ended(status)}"
+        why = ("it closed the pipe graphmem reads the result from: does the model's code close file descriptors "
+               "it did not open?" if self.pipe_closed else "the model's code called os._exit?")
+        return f"its process {how_it_ended(status)} before sending one ({why})"
 
 
 def _signal_name(number: int) -> str:
