@@ -152,22 +152,21 @@ class Scratch:
         return found.st_size if found is not None and stat.S_ISREG(found.st_mode) else 0
 
 
+_READS = ("stat", "lstat", "access", "readlink", "statvfs", "getxattr", "listxattr", "listdir", "scandir")
+_READS += ("chdir", "getcwd", "getcwdb")
+_WRITES = ("remove", "unlink", "rename", "replace", "mkdir", "rmdir", "truncate", "chmod", "chown", "lchown")
+_WRITES += ("utime", "symlink", "link", "mkfifo", "mknod", "setxattr", "removexattr")
+# the originals, taken at import (a layer installed later never takes another's replacements)
+_OPEN: Callable[..., Any] = io.open
+_ORIGINALS = {name: getattr(os, name) for name in (*_READS, *_WRITES) if hasattr(os, name)}
+_ORIGINALS |= {"open": _OPEN, "os_open": os.open, "rmtree": shutil.rmtree}
+
+
 def _replacements(layer: Layer) -> dict[Any, Any]:
     """{original function: the layer's replacement} for every function the layer covers that
     this platform has."""
     reads, writes = Reads(layer), Writes(layer)
-    table: dict[Any, Any] = {io.open: reads.open, os.open: reads.os_open, shutil.rmtree: writes.rmtree}
-    for name in ("stat", "lstat", "access", "readlink", "statvfs", "getxattr", "listxattr", "listdir", "scandir"):
-        if hasattr(os, name):
-            table[getattr(os, name)] = getattr(reads, name)
-    for name in ("chdir", "getcwd", "getcwdb"):
-        table[getattr(os, name)] = getattr(reads, name)
-    for name in ("remove", "unlink", "rename", "replace", "mkdir", "rmdir", "truncate", "chmod", "chown", "lchown"):
-        table[getattr(os, name)] = getattr(writes, name)
-    for name in ("utime", "symlink", "link", "mkfifo", "mknod", "setxattr", "removexattr"):
-        if hasattr(os, name):
-            table[getattr(os, name)] = getattr(writes, name)
-    return table
+    return {original: getattr(reads, name, None) or getattr(writes, name) for name, original in _ORIGINALS.items()}
 
 
 @contextlib.contextmanager
@@ -181,7 +180,7 @@ def layered(scratch: Scratch) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(replaced_everywhere(table, names))
         stack.enter_context(patched(*_posix_kept(table, names)))
-        stack.enter_context(_numpy_openers(table[io.open]))
+        stack.enter_context(_numpy_openers(table[_OPEN]))
         stack.enter_context(patched((tempfile, "tempdir", tmp)))
         stack.enter_context(environment(dict.fromkeys(_TEMPORARY, tmp)))
         scratch._installed += 1
@@ -210,14 +209,14 @@ def _numpy_openers(replacement: Callable[..., Any]) -> Iterator[None]:
     ``savetxt``, ``genfromtxt``): inside, the table holds the replacement; after, the original
     again, numpy imported inside the block too."""
     openers = _numpy_table()
-    if openers is not None and openers.get(None) is io.open:
+    if openers is not None and openers.get(None) is _OPEN:
         openers[None] = replacement
     try:
         yield
     finally:
         openers = _numpy_table()
         if openers is not None and openers.get(None) == replacement:
-            openers[None] = io.open
+            openers[None] = _OPEN
 
 
 def _numpy_table() -> dict[Any, Any] | None:
