@@ -152,13 +152,15 @@ class Scratch:
         return found.st_size if found is not None and stat.S_ISREG(found.st_mode) else 0
 
 
-_READS = ("stat", "lstat", "access", "readlink", "statvfs", "getxattr", "listxattr", "listdir", "scandir")
-_READS += ("chdir", "getcwd", "getcwdb")
-_WRITES = ("remove", "unlink", "rename", "replace", "mkdir", "rmdir", "truncate", "chmod", "chown", "lchown")
-_WRITES += ("utime", "symlink", "link", "mkfifo", "mknod", "setxattr", "removexattr")
+# the os functions replaced (by Reads, then Writes, methods of the same names)
+_REPLACED = (
+    *("stat", "lstat", "access", "readlink", "statvfs", "getxattr", "listxattr", "listdir", "scandir"),
+    *("chdir", "getcwd", "getcwdb", "remove", "unlink", "rename", "replace", "mkdir", "rmdir", "truncate"),
+    *("chmod", "chown", "lchown", "utime", "symlink", "link", "mkfifo", "mknod", "setxattr", "removexattr"),
+)
 # the originals, taken at import (a layer installed later never takes another's replacements)
 _OPEN: Callable[..., Any] = io.open
-_ORIGINALS = {name: getattr(os, name) for name in (*_READS, *_WRITES) if hasattr(os, name)}
+_ORIGINALS = {name: getattr(os, name) for name in _REPLACED if hasattr(os, name)}
 _ORIGINALS |= {"open": _OPEN, "os_open": os.open, "rmtree": shutil.rmtree}
 
 

@@ -125,7 +125,7 @@ class Reads:
         if not flags & _WRITES:
             real, fd, follow = self.real(path, dir_fd, not flags & os.O_NOFOLLOW)
             opened: int = call(_os_open, real, path, flags, mode, dir_fd=fd)
-            if real is not path:
+            if layer.tree.nodes:  # a folder: listed through the layer by fd (glob's, os.fwalk's scandir(fd))
                 layer.remember_folder(opened, layer.absolute(text_of(path), dir_fd))
             return opened
         target = layer.absolute(text_of(path), dir_fd)
@@ -205,28 +205,41 @@ class Reads:
 
     def listdir(self, path: Any = None) -> list[str] | list[bytes]:
         path = "." if path is None else path
-        folder = self.known_folder(path)
-        if folder is None and (isinstance(path, int) or (not self.layer.tree.nodes and self.layer.cwd is None)):
+        folder = self.listed(path)
+        if folder is None:
             return _listdir(path)
-        names = self.layer.listing(path, folder or self.layer.absolute(text_of(path), None))[1]
+        names = self.layer.listing(path, folder)[1]
         return [os.fsencode(name) for name in names] if _is_bytes(path) else names
 
     def scandir(self, path: Any = None) -> Any:
         path = "." if path is None else path
-        folder = self.known_folder(path)
-        layer = self.layer
-        if folder is None and (isinstance(path, int) or (not layer.tree.nodes and layer.cwd is None)):
+        folder = self.listed(path)
+        if folder is None:
             return _scandir(path)
-        resolved, names = layer.listing(path, folder or layer.absolute(text_of(path), None))
+        resolved, names = self.layer.listing(path, folder)
         stem = None if isinstance(path, int) else os.fspath(path)
-        return Listing([Entry.of(layer, stem, resolved, name) for name in names])
+        return Listing([Entry.of(self.layer, stem, resolved, name) for name in names])
 
-    def known_folder(self, path: Any) -> str | None:
-        """The program's name for a folder fd the layer opened (``os.fwalk``'s ``scandir(fd)``)."""
-        if not isinstance(path, int) or path not in self.layer.folders:
+    def listed(self, path: Any) -> str | None:
+        """The program's path of the folder ``path`` where the layer is to list it; None where
+        the OS lists it as the program sees it (a real folder with no change in it)."""
+        layer = self.layer
+        if isinstance(path, int):
+            return self.known_folder(path)
+        if not layer.tree.nodes and layer.cwd is None:
+            return None
+        target = layer.absolute(text_of(path), None)
+        spot = layer.locate(target, True)
+        plain = spot.plain and layer.cwd is None and spot.path not in layer.tree.children
+        return None if plain else target
+
+    def known_folder(self, fd: int) -> str | None:
+        """The program's name for a folder fd opened through the layer (glob's and
+        ``os.fwalk``'s ``scandir(fd)``)."""
+        if fd not in self.layer.folders:
             return None
         try:
-            return self.layer.fd_folder(path)
+            return self.layer.fd_folder(fd)
         except OSError:
             return None
 

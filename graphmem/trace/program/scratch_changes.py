@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import replace
 
-from graphmem.trace.program.scratch_layer import Layer, copy_file, drop_store, failure, probe
+from graphmem.trace.program.scratch_layer import Layer, again, copy_file, drop_store, failure, probe
 from graphmem.trace.program.scratch_tree import Alias, Copy, Folder, Link, Node, Spot
 
 __all__ = ["chdir", "copies", "link", "metadata", "mkdir", "rename", "rmdir", "special", "symlink", "unlink"]
@@ -161,7 +161,10 @@ def chdir(layer: Layer, arg: object, path: str) -> None:
     with layer.lock:
         spot = layer.tree.locate(path, True)
         if spot.plain or layer.is_outside(spot.path):
-            _chdir(spot.path)
+            try:
+                _chdir(spot.path)
+            except OSError as error:
+                raise again(error, arg) from None
             layer.cwd = None
             return
         found = layer.found(spot)

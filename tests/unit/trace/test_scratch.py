@@ -216,7 +216,9 @@ def test_numpy_saves_and_loads_round_trip_inside(world: World) -> None:
         mapped.flush()
         del mapped
         assert np.fromfile("map.bin", dtype=np.float32).tolist() == [7.0] * 4
-    assert sorted(os.listdir(world.real)) == sorted(["ckpt.pt", "latest.pt", "prev.pt", "train.log", "config.json", "runs"])
+    assert sorted(os.listdir(world.real)) == sorted(
+        ["ckpt.pt", "latest.pt", "prev.pt", "train.log", "config.json", "runs"]
+    )
 
 
 def test_json_csv_logging_and_zip_write_to_the_layer(world: World) -> None:
