@@ -110,6 +110,7 @@ class _Supervisor:
         self.timeout_text = timeout
         self.stdout_closed = stdout_closed  # closed when graphmem started (``>&-``)
         self.pid = 0
+        self.fd = -1  # where the child's messages come from
         self.folder = ""
         self.last_progress = ""
         self.result: dict[str, Any] | None = None
@@ -157,6 +158,7 @@ class _Supervisor:
             self.cleanup()
             os._exit(INTERRUPTED_BASE + signum)
         self.signalled = signum
+        self.drain()
         if self.complete():  # the command had ended: its result stands
             self.finish(0)
         self.fail("interrupted", f"interrupted ({_signal_name(signum)}): stopped before the result was written",
@@ -164,25 +166,40 @@ class _Supervisor:
 
     # -- the child's messages -------------------------------------------------------------------
     def read(self, fd: int, wait_s: float) -> bool:
-        """Read what the child sent within ``wait_s``; False at end of file."""
+        """Read what the child sent within ``wait_s``; False at end of file.  The signals wait
+        while a chunk is taken in: their handler reads on from there (``drain``)."""
         ready, _, _ = select.select([fd], [], [], wait_s)
         if not ready:
             return True
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return False
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                message = json.loads(line)
-                if isinstance(message, dict) and isinstance(message.get("progress"), str):
-                    self.last_progress = message["progress"]
-                elif isinstance(message, dict) and isinstance(message.get("result"), dict):
-                    self.result = message["result"]
-                elif isinstance(message, dict) and isinstance(message.get("crash"), str):
-                    self.crash = message["crash"]
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return False
+            self._buffer += chunk
+            *lines, self._buffer = self._buffer.split(b"\n")
+            for line in lines:
+                self.take(line)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return True
+
+    def take(self, line: bytes) -> None:
+        """One message of the child: progress, its result or graphmem's own crash."""
+        with contextlib.suppress(ValueError):
+            message = json.loads(line)
+            if isinstance(message, dict) and isinstance(message.get("progress"), str):
+                self.last_progress = message["progress"]
+            elif isinstance(message, dict) and isinstance(message.get("result"), dict):
+                self.result = message["result"]
+            elif isinstance(message, dict) and isinstance(message.get("crash"), str):
+                self.crash = message["crash"]
+
+    def drain(self) -> None:
+        """Read what the child has sent and this process not yet read (its result, maybe)."""
+        with contextlib.suppress(OSError, ValueError):
+            while self.fd >= 0 and select.select([self.fd], [], [], 0)[0] and self.read(self.fd, 0):
+                pass
 
     def complete(self) -> bool:
         """Whether the child's result came, whole."""
@@ -403,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     with contextlib.suppress(OSError):  # as the child does: no window where it has our group
         os.setpgid(pid, pid)
     os.close(write_fd)
+    run.fd = read_fd
     status = run.wait(read_fd)
     run.finish(status)
 
