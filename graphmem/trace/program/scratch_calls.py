@@ -79,15 +79,20 @@ class Reads:
         """What to hand the original function for the program's ``arg``: the argument itself
         (with its ``dir_fd``) where the OS sees what the program sees, else the real path and
         whether the OS is still to follow a symlink at its end."""
-        layer = self.layer
-        if not layer.tree.nodes and layer.cwd is None:
-            return arg, dir_fd, follow
+        layer, tree = self.layer, self.layer.tree
+        simple = layer.cwd is None and dir_fd is None
+        if simple and (not tree.nodes or (arg.__class__ is str and arg in tree.passing[follow])):
+            return arg, None, follow
+        generation = tree.generation
         path = layer.absolute(text_of(arg), dir_fd)
-        if layer.is_outside(path):
-            return path, None, follow
-        spot = layer.locate(path, follow)
-        if spot.plain:
-            return (arg, dir_fd, follow) if layer.cwd is None else (path, None, follow)
+        spot = None if layer.is_outside(path) else layer.locate(path, follow)
+        if spot is None or spot.plain:
+            if not simple:
+                return path, None, follow
+            if arg.__class__ is str:
+                with layer.lock:
+                    tree.pass_through(arg, follow, generation)
+            return arg, None, follow
         if layer.is_outside(spot.path):
             return spot.path, None, follow
         return layer.source(spot, arg), None, False
@@ -246,7 +251,9 @@ class Reads:
     def chdir(self, path: Any) -> None:
         if isinstance(path, int):
             _chdir(path)
-            self.layer.cwd = None
+            with self.layer.lock:
+                self.layer.cwd = None
+                self.layer.tree.changed()
             return
         changes.chdir(self.layer, path, self.layer.absolute(text_of(path), None))
 

@@ -159,6 +159,7 @@ def own_link(layer: Layer, spot: Spot) -> str:
 
 def chdir(layer: Layer, arg: object, path: str) -> None:
     with layer.lock:
+        layer.tree.changed()  # relative paths mean other paths now
         spot = layer.tree.locate(path, True)
         if spot.plain or layer.is_outside(spot.path):
             try:

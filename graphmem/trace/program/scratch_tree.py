@@ -24,6 +24,7 @@ import posix
 import posixpath
 import stat
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 __all__ = ["Alias", "Copy", "Folder", "Gone", "Link", "Node", "Spot", "Tree", "Where", "joined"]
 
@@ -89,9 +90,9 @@ class Where:
     plain: bool  # no change of the program's on the way: the OS resolves it the same way
 
 
-@dataclass(frozen=True, slots=True)
-class Spot:
-    """A path as the program sees it."""
+class Spot(NamedTuple):
+    """A path as the program sees it.  (A named tuple, not a frozen dataclass: one is made for
+    every call of the program's, and a named tuple is made in a third of the time.)"""
 
     path: str  # its resolved name (the key of its node)
     node: Node | None  # the program's change there; None where it made none
@@ -122,6 +123,10 @@ class Tree:
         self.children: dict[str, set[str]] = {}  # folder -> names with a node in it
         self._folders: dict[str, Where] = {}  # lexical folder path -> where it resolves
         self._links: dict[str, str | None] = {}  # real path -> its symlink's target, None: no link
+        # the program's arguments (text) known to name what the OS sees, by ``follow``; with
+        # ``generation``, bumped at each change, so that a stale answer is never added
+        self.passing: tuple[set[str], set[str]] = (set(), set())
+        self.generation = 0
 
     def locate(self, path: str, follow: bool, hops: int = 0) -> Spot:
         """Where ``path`` (absolute, normalised) is; with ``follow``, a symlink at its end is
@@ -145,7 +150,7 @@ class Tree:
         if hops >= _MAX_HOPS:
             return Spot(full, None, None, replace(parent, error=errno.ELOOP), False)
         spot = self.locate(_normal(posixpath.join(parent.path, target)), True, hops + 1)
-        return spot if node is None else replace(spot, plain=False)
+        return spot if node is None else spot._replace(plain=False)
 
     def folder(self, path: str) -> Where:
         """Where the folder named ``path`` (absolute, normalised) is, every symlink followed."""
@@ -189,7 +194,8 @@ class Tree:
 
     def real_link(self, real: str) -> str | None:
         """The target of the real symlink ``real``; None where it is no symlink (or missing).
-        Real symlinks are taken to stay as they are for the length of a run."""
+        Real symlinks are taken to stay as they are for the length of a run (a path missing
+        now that C code makes later is a file or a folder, not a symlink)."""
         try:
             return self._links[real]
         except KeyError:
@@ -197,7 +203,7 @@ class Tree:
         try:
             mode = _lstat(real).st_mode
         except (OSError, ValueError):
-            return None
+            mode = 0
         target = _readlink(real) if stat.S_ISLNK(mode) else None
         if len(self._links) > _CACHE_LIMIT:
             self._links.clear()
@@ -212,11 +218,26 @@ class Tree:
         kept = [name for name in real if name not in mine]
         return kept + [name for name in sorted(mine) if not isinstance(self.nodes[joined(path, name)], Gone)]
 
+    def changed(self) -> None:
+        """Forget what was worked out from the nodes (or the working folder)."""
+        self._folders.clear()
+        self.passing[0].clear()
+        self.passing[1].clear()
+        self.generation += 1
+
+    def pass_through(self, arg: str, follow: bool, generation: int) -> None:
+        """Remember that the OS sees ``arg`` as the program does, worked out at ``generation``."""
+        passing = self.passing[follow]
+        if generation == self.generation:
+            if len(passing) > _CACHE_LIMIT:
+                passing.clear()
+            passing.add(arg)
+
     def set(self, path: str, node: Node) -> None:
         self.nodes[path] = node
         head, name = _split(path)
         self.children.setdefault(head, set()).add(name)
-        self._folders.clear()
+        self.changed()
 
     def unset(self, path: str) -> Node | None:
         node = self.nodes.pop(path, None)
@@ -227,7 +248,7 @@ class Tree:
                 names.discard(name)
                 if not names:
                     del self.children[head]
-            self._folders.clear()
+            self.changed()
         return node
 
     def below(self, path: str) -> list[str]:
@@ -245,7 +266,7 @@ class Tree:
     def forget_links(self) -> None:
         """Drop what is known of real symlinks (a forked try may see another real tree)."""
         self._links.clear()
-        self._folders.clear()
+        self.changed()
 
 
 def _normal(path: str) -> str:
