@@ -37,15 +37,20 @@ opens has its ``name`` as the program gave it.
 
 Not covered, and why:
 - files written by C, C++ or Rust code that opens paths itself: torch's C++ writer for
-  ``torch.save(path)`` (graphmem skips ``torch.save``), h5py, sqlite3, safetensors' Rust writer,
-  tensorboard's C++ event writer; and subprocesses (their own processes);
+  ``torch.save(path)`` (graphmem skips ``torch.save``), h5py (HDF5's C library), sqlite3,
+  safetensors' Rust writer (``save_file``; graphmem skips it); and subprocesses (their own
+  processes, though they inherit ``TMPDIR``);
 - ``io.FileIO(path)`` constructed directly (a class, not a function: replacing it would change
   ``isinstance`` checks);
 - files and handlers opened before the block (a ``logging.FileHandler`` made before it keeps the
   original ``open``; an open file object writes where it was opened), and functions captured
   before it under another name (``my_open = open`` at import);
 - imports: importlib reads through the ``posix`` module, which the layer leaves alone (fast
-  imports), so a module the program writes is not importable from the layer;
+  imports), so a module the program writes is not importable from the layer (inside the block
+  ``sys.dont_write_bytecode`` is set, so importlib writes no ``__pycache__`` beside the
+  program's modules either);
+- reads by C, C++ or Rust code of a path the program wrote (safetensors' ``safe_open``, a
+  C++ loader) read the real file, not the program's copy;
 - a hard link to a file the program wrote is a copy (writes through one name are not seen
   through the other); a metadata change to a real file (chmod, utime) copies its bytes in;
   ``..`` after a symlink is taken lexically, as ``os.path.abspath`` does; ``os.fwalk`` works
@@ -183,7 +188,8 @@ def layered(scratch: Scratch) -> Iterator[None]:
         stack.enter_context(replaced_everywhere(table, names))
         stack.enter_context(patched(*_posix_kept(table, names)))
         stack.enter_context(_numpy_openers(table[_OPEN]))
-        stack.enter_context(patched((tempfile, "tempdir", tmp)))
+        # importlib writes bytecode through posix, beside the program's own modules: not inside
+        stack.enter_context(patched((tempfile, "tempdir", tmp), (sys, "dont_write_bytecode", True)))
         stack.enter_context(environment(dict.fromkeys(_TEMPORARY, tmp)))
         scratch._installed += 1
         stack.callback(_uninstall, scratch)
