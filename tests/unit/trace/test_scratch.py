@@ -57,9 +57,15 @@ class World:
     real: Path  # the user's folder, the working folder
     scratch: Scratch
     data: dict[str, bytes]  # the real files' bytes by name
+    snapshot: dict[str, tuple[object, ...]]  # every real entry, as checked after the test
 
     def before(self, name: str) -> bytes:
         return self.data[name]
+
+    def real_symlink(self, target: str, name: str) -> None:
+        """A real symlink, made before the layer (and added to the snapshot)."""
+        os.symlink(target, self.real / name)
+        self.snapshot = _snapshot(self.real)
 
 
 @pytest.fixture
@@ -79,10 +85,10 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     for name, content in data.items():
         (real / name).write_bytes(content)
     os.utime(real / "ckpt.pt", (1_000_000, 1_000_000))
-    snapshot = _snapshot(real)
     monkeypatch.chdir(real)
-    yield World(real, Scratch(str(tmp_path / "layer")), data)
-    assert _snapshot(real) == snapshot, "a real file changed"
+    world = World(real, Scratch(str(tmp_path / "layer")), data, _snapshot(real))
+    yield world
+    assert _snapshot(real) == world.snapshot, "a real file changed"
 
 
 def _read(path: str | Path) -> bytes:
@@ -409,6 +415,80 @@ def test_a_folder_only_the_layer_has_can_be_the_working_folder(world: World) -> 
     assert not (world.real / "out").exists()
 
 
+def test_folder_renames_are_refused_as_the_os_refuses_them(world: World) -> None:
+    with layered(world.scratch):
+        os.mkdir("empty")
+        with pytest.raises(OSError) as full:
+            os.rename("empty", "runs")
+        assert full.value.errno == errno.ENOTEMPTY
+        with pytest.raises(OSError) as inside:
+            os.rename("runs", "runs/old/x")
+        assert inside.value.errno == errno.EINVAL
+        with pytest.raises(NotADirectoryError):
+            os.rename("empty", "ckpt.pt")
+        with pytest.raises(IsADirectoryError):
+            os.rename("ckpt.pt", "empty")
+        os.rename("runs/old", "empty")  # onto an empty folder: replaces it
+        assert sorted(os.listdir("empty")) == ["a.bin", "b.bin"] and os.listdir("runs") == ["notes.txt"]
+        assert not os.access("runs/old", os.F_OK) and os.access("empty/a.bin", os.R_OK | os.W_OK)
+
+
+def test_bytes_paths_dotdot_and_descriptors(world: World) -> None:
+    with layered(world.scratch):
+        with open(b"runs/new.bin", "wb") as handle:
+            handle.write(b"new")
+            assert handle.name == b"runs/new.bin"
+        assert sorted(os.listdir(b"runs")) == [b"new.bin", b"notes.txt", b"old"]
+        assert _read("runs/old/../new.bin") == b"new"
+        assert [entry.path for entry in os.scandir(b"runs") if entry.name == b"new.bin"] == [b"runs/new.bin"]
+        assert sorted(glob.glob("*.bin", root_dir="runs")) == ["new.bin"]  # 3.11: through os.open and scandir(fd)
+        walked = [(top, sorted(dirs), sorted(files)) for top, dirs, files, _ in os.fwalk("runs")]
+        assert walked == [("runs", ["old"], ["new.bin", "notes.txt"]), ("runs/old", [], ["a.bin", "b.bin"])]
+        fd = os.open("runs/new.bin", os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"+")
+        os.truncate(fd, 2)  # an open descriptor passes through: it is the layer's file
+        os.close(fd)
+        assert _read("runs/new.bin") == b"ne"
+
+
+def test_symlinks_read_what_the_program_sees_at_their_targets(world: World) -> None:
+    world.real_symlink("runs/notes.txt", "notes_link")
+    world.real_symlink("nowhere.txt", "dangling")
+    with layered(world.scratch):
+        with open("runs/notes.txt", "ab") as handle:
+            handle.write(b"+")
+        assert _read("notes_link") == b"notes+"
+        os.remove("runs/notes.txt")
+        assert not os.path.exists("notes_link") and os.path.lexists("notes_link")
+        with open("dangling", "w") as handle:  # a write through a dangling link makes its target
+            handle.write("made")
+        assert _read("nowhere.txt") == b"made" and os.readlink("dangling") == "nowhere.txt"
+        os.rename("notes_link", "moved_link")  # a real symlink renamed: still a symlink
+        assert os.path.islink("moved_link") and os.readlink("moved_link") == "runs/notes.txt"
+    assert not (world.real / "nowhere.txt").exists()
+
+
+def test_metadata_changes_to_real_files_and_folders_stay_in_the_layer(world: World) -> None:
+    with layered(world.scratch):
+        os.chmod("runs", 0o700)
+        os.utime("runs/old", ns=(5, 5))
+        os.utime("ckpt.pt", ns=(7, 7))
+        assert stat.S_IMODE(os.stat("runs").st_mode) == 0o700
+        assert os.stat("runs/old").st_mtime_ns == 5 and os.stat("ckpt.pt").st_mtime_ns == 7
+        assert sorted(os.listdir("runs")) == ["notes.txt", "old"]  # its entries still show through
+        assert _read("ckpt.pt") == world.before("ckpt.pt")
+
+
+def test_files_move_between_the_temporary_folder_and_the_layer(world: World) -> None:
+    with layered(world.scratch):
+        inside_tmp = os.path.join(tempfile.gettempdir(), "moved.log")
+        os.rename("train.log", inside_tmp)  # out of the layer: a real file in the layer's folder
+        assert posix.stat(inside_tmp).st_size == len(world.before("train.log"))
+        assert not os.path.exists("train.log")
+        os.replace(inside_tmp, "train.log")  # and back in
+        assert _read("train.log") == world.before("train.log") and not os.path.exists(inside_tmp)
+
+
 # -- the layer itself ---------------------------------------------------------------------
 
 
@@ -490,11 +570,12 @@ def test_a_forked_try_detached_leaves_the_parents_view_alone(world: World, tmp_p
 
 
 def test_every_replaced_name_is_the_original_after(world: World) -> None:
-    modules = (os, os.path, io, builtins, shutil, pathlib, tempfile, posix, glob, sys.modules["_io"])
+    modules = (os, os.path, io, builtins, shutil, pathlib, tempfile, posix, glob, sys, sys.modules["_io"])
     before = [dict(vars(module)) for module in modules]
     environ = dict(os.environ)
     with pytest.raises(RuntimeError), layered(world.scratch):
         assert os.stat is not before[0]["stat"] and builtins.open is not before[3]["open"]
+        assert sys.dont_write_bytecode  # importlib writes no __pycache__ beside the program
         assert posix.stat is before[7]["stat"]  # importlib's reads stay the OS's
         raise RuntimeError("the program failed")
     for module, saved in zip(modules, before, strict=True):
