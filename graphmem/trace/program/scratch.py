@@ -179,7 +179,8 @@ def _replacements(layer: Layer) -> dict[Any, Any]:
 @contextlib.contextmanager
 def layered(scratch: Scratch) -> Iterator[None]:
     """Inside, Python's file calls go through ``scratch``'s layer and the temporary folder is
-    ``scratch.tmp``; on exit (an exception too) every replaced name holds its original again."""
+    ``scratch.tmp``; on exit (an exception too) every replaced name holds its original again.
+    One layer at a time: blocks are not nested."""
     layer = scratch._layer
     table = _replacements(layer)
     names = tuple(sorted({function.__name__ for function in table} | set(_OPEN_ALIASES)))

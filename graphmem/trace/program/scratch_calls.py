@@ -79,7 +79,7 @@ class Reads:
         """What to hand the original function for the program's ``arg``: the argument itself
         (with its ``dir_fd``) where the OS sees what the program sees, else the real path and
         whether the OS is still to follow a symlink at its end."""
-        layer, tree = self.layer, self.layer.tree
+        layer, tree, follow = self.layer, self.layer.tree, bool(follow)
         simple = layer.cwd is None and dir_fd is None
         if simple and (not tree.nodes or (arg.__class__ is str and arg in tree.passing[follow])):
             return arg, None, follow
@@ -116,10 +116,11 @@ class Reads:
             real = self.real(file, None, True)[0]
         else:
             path = self.layer.absolute(text_of(file), None)
-            real = self.layer.writable(
+            real, fresh = self.layer.writable(
                 file, path, create="r" not in mode, trunc="w" in mode, excl="x" in mode, action=_action(mode)
             )
             mode = mode if real == path else mode.replace("x", "w")
+            rest = (*rest[:-1], _untruncated(opener)) if fresh else rest
         handle = call(_io_open, real, file, mode, *rest)
         return handle if real is file else _named(handle, os.fspath(file))
 
@@ -137,7 +138,7 @@ class Reads:
         if _TMPFILE and flags & _TMPFILE == _TMPFILE:
             return _os_open(layer.tmp, flags, mode)
         create, excl = bool(flags & os.O_CREAT), bool(flags & os.O_CREAT and flags & os.O_EXCL)
-        real = layer.writable(
+        real, fresh = layer.writable(
             path,
             target,
             create=create,
@@ -147,6 +148,7 @@ class Reads:
             mode=mode,
         )
         flags = flags if real == target else flags & ~os.O_EXCL
+        flags = flags & ~os.O_TRUNC if fresh else flags
         result: int = call(_os_open, real, path, flags, mode)
         return result
 
@@ -262,6 +264,16 @@ class Reads:
 
     def getcwdb(self) -> bytes:
         return os.fsencode(self.layer.getcwd())
+
+
+def _untruncated(opener: Callable[[str, int], int] | None) -> Callable[[str, int], int]:
+    """An ``opener`` for a new, empty layer file: as ``open``'s, without O_TRUNC."""
+
+    def open_untruncated(path: str, flags: int) -> int:
+        flags &= ~os.O_TRUNC
+        return opener(path, flags) if opener is not None else _os_open(path, flags, 0o666)
+
+    return open_untruncated
 
 
 def _is_bytes(path: Any) -> bool:

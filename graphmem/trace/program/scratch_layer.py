@@ -245,15 +245,17 @@ class Layer:
 
     def writable(
         self, arg: object, path: str, *, create: bool, trunc: bool, excl: bool, action: str, mode: int = 0o666
-    ) -> str:
+    ) -> tuple[str, bool]:
         """The real path to open for a write to ``path``: the layer's copy of it (made, with
-        the real bytes copied in unless ``trunc``), or ``path`` itself outside the layer."""
+        the real bytes copied in unless ``trunc``), or ``path`` itself outside the layer; and
+        whether that is a new, empty layer file (opened without O_TRUNC: ext4 flushes a file
+        truncated to zero when it is closed, two milliseconds a save)."""
         if self.is_outside(path):
-            return path
+            return path, False
         with self.lock:
             spot = self.tree.locate(path, not excl)
             if self.is_outside(spot.path):
-                return spot.path
+                return spot.path, False
             found = self.found(spot)
             if found is None and (spot.parent.error or not create):
                 raise failure(spot.parent.error or errno.ENOENT, arg)
@@ -263,9 +265,10 @@ class Layer:
                 raise failure(errno.EISDIR, arg)
             if found is None:
                 self.need_folder(spot, arg)
-                return self.own_file(spot, path, None, "created", mode)
+                return self.own_file(spot, path, None, "created", mode), True
+            fresh = trunc and not isinstance(spot.node, Copy)
             action = "overwritten" if trunc else action
-            return self.own_file(spot, path, None if trunc else self.source(spot, arg), action)
+            return self.own_file(spot, path, None if trunc else self.source(spot, arg), action), fresh
 
     def own_file(self, spot: Spot, path: str, source: str | None, action: str, mode: int = 0o666) -> str:
         """The layer's file for ``spot``: its ``Copy`` if it has one, else a new one holding

@@ -252,9 +252,11 @@ class Tree:
         return node
 
     def below(self, path: str) -> list[str]:
-        """The paths with a node under the folder ``path``."""
+        """The paths with a node under the folder ``path`` (found through the folders holding
+        nodes, fewer than the nodes: deleting one of many files the program made stays cheap)."""
         prefix = joined(path, "")
-        return [key for key in self.nodes if key.startswith(prefix)]
+        folders = [folder for folder in self.children if folder == path or folder.startswith(prefix)]
+        return [joined(folder, name) for folder in folders for name in self.children[folder]]
 
     def move_below(self, old: str, new: str) -> None:
         """The nodes under folder ``old`` move under folder ``new``."""

@@ -75,7 +75,7 @@ class Writes:
         if isinstance(path, int):
             return _truncate(path, length)
         target = self.where(path)
-        real = self.layer.writable(path, target, create=False, trunc=False, excl=False, action="truncated")
+        real, _ = self.layer.writable(path, target, create=False, trunc=False, excl=False, action="truncated")
         _truncate(real, length)
 
     def change(
