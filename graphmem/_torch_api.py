@@ -419,9 +419,17 @@ def data_loading_in_process(workers: Callable[[int], None]) -> Iterator[None]:
     original = dataloader.DataLoader._get_iterator
 
     def in_process(self: Any) -> Any:
-        if self.num_workers:
-            workers(self.num_workers)
-        return dataloader._SingleProcessDataLoaderIter(self)
+        if not self.num_workers:
+            return dataloader._SingleProcessDataLoaderIter(self)
+        workers(self.num_workers)
+        # the in-process iterator refuses a loader that asks for workers or a timeout (torch 2.13):
+        # it is made as for num_workers=0, the loader's own settings restored at once
+        asked = self.num_workers, self.timeout
+        self.num_workers, self.timeout = 0, 0
+        try:
+            return dataloader._SingleProcessDataLoaderIter(self)
+        finally:
+            self.num_workers, self.timeout = asked
 
     dataloader.DataLoader._get_iterator = in_process  # type: ignore[method-assign]
     try:

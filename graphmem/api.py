@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -38,7 +37,7 @@ from graphmem.memory.cuda_replay import model_cuda_allocator
 from graphmem.memory.liveness import POLICIES, compute_lifetimes
 from graphmem.memory.mode_report import build_mode_report
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
-from graphmem.records import Phase, Trace
+from graphmem.records import FileChange, Phase, Trace
 from graphmem.trace import (
     CudaKernels,
     Exchanged,
@@ -46,7 +45,6 @@ from graphmem.trace import (
     GpuTarget,
     Mailbox,
     Recording,
-    Spoiled,
     Waits,
     distinct_ranks,
     forks_ranks,
@@ -56,7 +54,7 @@ from graphmem.trace import (
     trace_program,
 )
 from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.workers import fork_each, fork_map, fork_once, forked_autograd_works, processes
+from graphmem.workers import fork_each, fork_map, forked_autograd_works, processes
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve", "run_program"]
 
@@ -398,27 +396,15 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             if traced.communicators:  # NCCL's own buffers, one set per communicator, outside the allocator
                 stats = replace(stats, nccl_buffer_bytes=nccl_buffer_bytes(traced.communicators))
             report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
-        return _RankRun(report, traced.models[0] if traced.models else program.target, traced.exchanged)
+        return _RankRun(report, traced.models[0] if traced.models else program.target, traced.exchanged,
+                        traced.failed, traced.wrote)
 
     def repeated(rank: int, mailbox: Mailbox) -> _RankRun:
         """The rank recorded with its model's stack of alike blocks cut to four (graphmem.trace.
-        program.stacks), in a process of its own: a recording that does not repeat by offset
-        (or fails) is thrown away and the rank recorded whole, here, as the process stood."""
-        whole = forked if program.world_size > 1 else one  # (a graph does not pickle back from a rank's process)
-        if os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") == "0":
-            return whole(rank, mailbox)
-        tried = fork_once(lambda: forked(rank, mailbox, True), what="recording a rank of the program")
-        if tried is None:  # no fork here: recorded whole
-            return whole(rank, mailbox)
-        kind, value, written = tried
-        if kind == "raised" and isinstance(value, Spoiled):
-            progress.show(f"recording the whole model ({value})")
-            return whole(rank, mailbox)
-        sys.stdout.write(written)
-        if kind == "raised":  # the program's own failure (nothing was cut), a wait, or an interruption
-            raise value
-        result: _RankRun = value
-        return result
+        program.stacks), a backup of the program kept whole from that moment in case the cut
+        recording does not stand: the program starts once (graphmem.trace.program.backup)."""
+        cut = os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") != "0"
+        return forked(rank, mailbox, cut) if program.world_size > 1 else one(rank, mailbox, cut)
 
     def forked(rank: int, mailbox: Mailbox, cut: bool = False) -> _RankRun:  # a graph does not pickle
         run = one(rank, mailbox, cut)
@@ -446,9 +432,34 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
                 + (f" ({'; '.join(why)}; --ranks all records every rank)" if why else ""))
         train = replace(reports[0].report, ranks=tuple(reports),
                         assumptions=(*reports[0].report.assumptions, note))
+    failed = [(rank, run.failed) for rank, run in recorded if run.failed]
+    failure = None
+    if failed:
+        failure = failed[0][1] + (f" (rank {failed[0][0]})" if program.world_size > 1 else "")
     return MemoryReport(target=model, device=device, inputs=(), inference=None, train=train,
                         program=program.command, gpu=cuda[0] if cuda else None,
-                        parallel=f"{program.world_size} processes" if program.world_size > 1 else None)
+                        parallel=f"{program.world_size} processes" if program.world_size > 1 else None,
+                        program_failed=failure, program_files=recorded[0][1].wrote)
+
+
+def program_allocator_again(report: MemoryReport, alloc_conf: str | None) -> MemoryReport:
+    """``run_program``'s report on a GPU with the caching allocator modelled again under
+    ``alloc_conf`` (None: the environment's): the recordings stand, the program does not run
+    again (a verdict's what-if of expandable segments).  The rank shown first is again the one
+    with the highest peak."""
+    gpu, train = report.gpu, report.train
+    assert gpu is not None and train is not None, "program_allocator_again: a program's report on a GPU"
+    config = _gpu_and_allocator(gpu.name, alloc_conf)[1]
+
+    def again(mode: ModeReport) -> ModeReport:
+        nccl = mode.allocator.nccl_buffer_bytes if mode.allocator is not None else 0
+        return replace(mode, allocator=replace(model_cuda_allocator(mode, gpu, config), nccl_buffer_bytes=nccl))
+
+    if not train.ranks:
+        return replace(report, train=again(train))
+    ranks = sorted((replace(r, report=again(r.report)) for r in train.ranks),
+                   key=lambda r: (-r.report.budget_peak_bytes, r.rank))
+    return replace(report, train=replace(ranks[0].report, ranks=tuple(ranks), assumptions=train.assumptions))
 
 
 @dataclass(frozen=True)
@@ -459,6 +470,8 @@ class _RankRun:
     report: ModeReport
     model: str
     exchanged: Exchanged
+    failed: str | None = None  # how the program failed after recording steps
+    wrote: tuple[FileChange, ...] = ()  # what it did to files, in its own layer
 
 
 def _record_program_ranks(record: Callable[[Sequence[int], Mailbox], list[_RankRun | Waits]],

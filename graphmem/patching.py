@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import os
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
-__all__ = ["environment", "patched", "replaced_everywhere"]
+__all__ = ["environment", "patched", "replaced_everywhere", "when_imported"]
 
 _MISSING = object()
 
@@ -53,8 +57,6 @@ def replaced_everywhere(table: dict[Any, Any], names: tuple[str, ...]) -> Iterat
     ``table`` holds that key's value instead (a function imported by name, ``from x import f``,
     included); on exit, every module's attribute that holds a replacement, those bound inside
     too, holds its original again."""
-    import sys
-
     def bound_to(wanted: dict[Any, Any]) -> list[tuple[Any, str, Any]]:
         found = []
         for module in list(sys.modules.values()):
@@ -79,3 +81,43 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds module ``name`` as the other finders do, and calls ``then(module)`` once it has
+    been executed."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None
+        execute, then = loader.exec_module, self.then
+
+        def exec_module(module: ModuleType) -> None:
+            execute(module)
+            then(module)
+
+        loader.exec_module = exec_module  # (this module's own loader)
+        return spec
+
+
+@contextlib.contextmanager
+def when_imported(name: str, then: Callable[[ModuleType], None]) -> Iterator[None]:
+    """``then(module)`` now if module ``name`` is imported, else when it is, inside."""
+    if name in sys.modules:
+        then(sys.modules[name])
+        yield
+        return
+    finder = _AfterImport(name, then)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)

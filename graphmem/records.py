@@ -143,3 +143,16 @@ class Trace:
             object.__setattr__(self, "fx", self.fx())  # a cache: the graph is the same either way
         assert isinstance(self.fx, torch.fx.Graph)
         return self.fx
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    """What a program run by ``graphmem run`` did to one path, in its own file layer (the real
+    file is unchanged; graphmem.trace.program.scratch)."""
+
+    path: str  # the path the program used, absolute
+    action: str  # "created", "overwritten", "appended", "modified", "truncated", "deleted",
+    # "renamed" (then `to`), "directory created", "directory deleted", "symlink created",
+    # "hard link created", "mode changed", "times changed", "owner changed", "attributes changed"
+    size_bytes: int  # bytes of the file as the program left it (0 for a deletion or a folder)
+    to: str | None = None  # where a rename put it

@@ -26,7 +26,7 @@ from graphmem.cli.group import main
 from graphmem.cli.options import GraphmemCommand, ParsedType, job_from, job_options, output_options
 from graphmem.cli.process import print_result, raise_if_interrupted, user_output_to_stderr
 from graphmem.cuda.gpus import GPUS, get_gpu
-from graphmem.errors import UserInputError
+from graphmem.errors import TraceError, UserInputError
 from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES
 from graphmem.job.grammar import input_symbol, parse_sweep
 from graphmem.preflight.budget import METRICS, BudgetAmount, parse_budget, parse_margin, resolve_budget
@@ -34,10 +34,9 @@ from graphmem.report.formats import COLLAPSE_CHOICES, RENDERER_NAMES
 from graphmem.report.paths import check_html_path, check_output_path
 
 if TYPE_CHECKING:
-    from graphmem.api import analyze, run_program
+    from graphmem.api import analyze, program_allocator_again, run_program
     from graphmem.job.job import Job
     from graphmem.job.program import make_program
-    from graphmem.memory.results import MemoryReport
     from graphmem.preflight.plan import make_plan
     from graphmem.preflight.search import search_largest, sweep
     from graphmem.preflight.verdict import check, judge
@@ -64,7 +63,7 @@ __all__ = ["main"]
 # these names here (keeping any already bound, e.g. by a test); ``__getattr__`` serves them to
 # other modules.
 _ANALYSIS = {
-    "graphmem.api": ("analyze", "run_program"),
+    "graphmem.api": ("analyze", "program_allocator_again", "run_program"),
     "graphmem.job.program": ("make_program",),
     "graphmem.preflight.search": ("search_largest", "sweep"),
     "graphmem.preflight.plan": ("make_plan",),
@@ -261,6 +260,9 @@ def _budget_options(command: Any) -> Any:
               help="On the GPU: attention backend; auto is PyTorch's own choice for the GPU and dtype.")
 @click.option("--alloc-conf", default=None, metavar="TEXT",
               help="On the GPU: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).")
+@click.option("--allow-network", is_flag=True, default=False,
+              help="Let the program connect to servers (default: its connections are refused; its files "
+                   "are always written to a layer of its own, dropped after the run).")
 @output_options(list(RENDERER_NAMES))
 @click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
               help="Levels of the module tree in the per-module table and the JSON.")
@@ -279,7 +281,8 @@ def _budget_options(command: Any) -> Any:
 def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int | None, nnodes: int | None,
                 ranks: str,
                 gpu: str | None, sdpa: str,
-                alloc_conf: str | None, budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str,
+                alloc_conf: str | None, allow_network: bool, budget: BudgetAmount | None, margin: Fraction, fmt: str,
+                units: str,
                 output: str | None,
                 debug: bool, depth: int, top: int, timeline: str | None, snapshot: str | None, html: str | None,
                 program: str | None, args: tuple[str, ...]) -> None:
@@ -309,18 +312,16 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
         limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
         _load()
         chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
-                              nproc_per_node=nproc_per_node, nnodes=nnodes)
-
-        def again(conf: str | None) -> MemoryReport:
-            return run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=conf, ranks=ranks)
-
-        report = again(alloc_conf)
+                              nproc_per_node=nproc_per_node, nnodes=nnodes, allow_network=allow_network)
+        report = run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf, ranks=ranks)
         train = report.train
         conf, source = allocator_setting(alloc_conf) if gpu else ("", "")
         setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none", gpu=gpu,
                       alloc_conf=conf or "", alloc_conf_source=source if conf else "", sdpa=sdpa)
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup)
-        verdict = judge(report, "train", limit, again, alloc_conf) if limit is not None else None
+        # a program that failed gets no verdict; the allocator's what-if reuses the recording (the program runs once)
+        verdict = judge(report, "train", limit, lambda conf: program_allocator_again(report, conf), alloc_conf) \
+            if limit is not None and report.program_failed is None else None
         if verdict is not None:
             context = Context(target=chosen.command, inputs=(), device=report.device, mode="train",
                               gpu=report.gpu.name if report.gpu else None)
@@ -335,6 +336,9 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
             Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
 
     _write(text, output, debug, files)
+    if report.program_failed is not None:  # what was recorded is shown; the run did not succeed
+        with _analysis(debug):
+            raise TraceError(report.program_failed)
     if verdict is not None:
         click.get_current_context().exit(SUCCESS if verdict.fits else DOES_NOT_FIT)
 

@@ -26,6 +26,7 @@ class Program:
     nproc_per_node: int = 1  # processes on each node, as torchrun --nproc-per-node starts them
     nnodes: int = 1  # nodes, as torchrun --nnodes
     torchrun: bool = False  # launched by torchrun even with one process (its environment, a process group)
+    allow_network: bool = False  # the program may connect to servers (else its connections are refused)
 
     @property
     def world_size(self) -> int:
@@ -55,7 +56,8 @@ class Program:
 
 
 def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
-                 nproc_per_node: int | None = None, nnodes: int | None = None) -> Program:
+                 nproc_per_node: int | None = None, nnodes: int | None = None,
+                 allow_network: bool = False) -> Program:
     """A checked Program; given ``nproc_per_node`` or ``nnodes`` (even 1), launched as torchrun
     launches it, else as ``python`` runs it.
 
@@ -69,8 +71,10 @@ def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = Fals
     if nproc_per_node < 1 or nnodes < 1:
         raise UserInputError(f"--nproc-per-node {nproc_per_node} --nnodes {nnodes}: give at least one process "
                              "on at least one node")
-    if not module and not os.path.isfile(target):
-        raise UserInputError(f"no such program: {target!r}; give the path of a Python script "
-                             "(graphmem run train.py ARGS) or a module with -m (graphmem run -m pkg.train ARGS)")
+    runnable = os.path.isfile(target) or os.path.isfile(os.path.join(target, "__main__.py"))
+    if not module and not runnable:
+        what = "a folder without __main__.py" if os.path.isdir(target) else "no such program"
+        raise UserInputError(f"{what}: {target!r}; give the path of a Python script (graphmem run train.py ARGS), "
+                             "a folder with __main__.py, or a module with -m (graphmem run -m pkg.train ARGS)")
     return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
-                   nnodes=nnodes, torchrun=torchrun)
+                   nnodes=nnodes, torchrun=torchrun, allow_network=allow_network)

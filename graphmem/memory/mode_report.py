@@ -17,7 +17,7 @@ from graphmem.memory.attribution import charged_module
 from graphmem.memory.results import Category, Lifetime, ModeReport, PeakInfo, PhasePeak
 from graphmem.records import Phase, Trace
 
-__all__ = ["build_mode_report", "compute_timeline", "coverage", "live_by_category", "memory_events",
+__all__ = ["build_mode_report", "compute_timeline", "coverage", "live_by_category", "parameter_step", "memory_events",
            "reference_steps", "ReferenceSteps"]
 
 
@@ -55,6 +55,15 @@ def reference_steps(trace: Trace) -> ReferenceSteps:
                           end_of_backward=backward[-1] if backward else None, end=end)
 
 
+def parameter_step(lifetimes: Iterable[Lifetime], trace: Trace) -> int:
+    """Where parameters and buffers are counted: before the first op (-1), where the step's
+    model already exists, else after the last op (a program that builds its model as it
+    runs, graphmem run)."""
+    if any(life.start <= -1 <= life.end and life.category == Category.PARAMETER for life in lifetimes):
+        return -1
+    return len(trace.ops) - 1
+
+
 def live_by_category(lifetimes: Iterable[Lifetime], step: int, scratch_bytes: int = 0
                      ) -> dict[Category, int]:
     """Bytes live after op ``step``, per category (every category present, zero or not)."""
@@ -81,9 +90,7 @@ def build_mode_report(trace: Trace, lifetimes: tuple[Lifetime, ...],
     step = max(range(len(timeline)), key=timeline.__getitem__)
     op = trace.ops[step]
     steps = reference_steps(trace)
-    persistent = live_by_category(lifetimes, -1)
-    if not persistent[Category.PARAMETER]:  # a program builds its model as it runs (graphmem run): at its end
-        persistent = live_by_category(lifetimes, len(trace.ops) - 1)
+    persistent = live_by_category(lifetimes, parameter_step(lifetimes, trace))
     return ModeReport(
         mode=trace.mode, optimizer=trace.optimizer, peak_bytes=timeline[step],
         peak=PeakInfo(step=step, op=op.op, module=charged_module(op), phase=str(op.phase), iteration=op.iteration),

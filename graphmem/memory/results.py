@@ -15,7 +15,7 @@ import torch
 from graphmem.cuda.allocator import AllocatorStats
 from graphmem.cuda.gpus import GPU
 from graphmem.job.finetune import TrainedParameters
-from graphmem.records import Trace
+from graphmem.records import FileChange, Trace
 
 __all__ = ["Category", "Lifetime", "PeakInfo", "PhasePeak", "ModeReport", "RankReport", "GenerateReport",
            "MemoryReport", "with_graph", "without_graphs"]
@@ -143,6 +143,8 @@ class MemoryReport:
     loss: str | None = None  # training: the --loss the step used
     trained: TrainedParameters | None = None  # training: how many parameters train (--freeze, --lora)
     program: str | None = None  # graphmem run: the command that ran (``target``: its first model's class)
+    program_failed: str | None = None  # graphmem run: how the program failed after recording steps
+    program_files: tuple[FileChange, ...] = ()  # graphmem run: what it did to files (in its own layer)
 
     @property
     def ratio(self) -> float | None:

@@ -15,6 +15,7 @@ from graphmem.report.generate_section import generate_json
 from graphmem.report.header import Setup, setup_to_dict
 from graphmem.report.modules import module_rows, top_tensors
 from graphmem.report.parallel_section import parallel_json
+from graphmem.report.program_section import program_files_json
 
 __all__ = ["report_to_dict", "render_json", "SCHEMA_VERSION"]
 
@@ -60,6 +61,7 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10,
         "graphmem_version": __version__,
         "target": report.target,
         **({"program": report.program} if report.program else {}),
+        **program_files_json(report),
         "device": report.device,
         "inputs": list(report.inputs),
     }

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphmem.memory.attribution import INPUTS, LOSS, OPTIMIZER_STEP, ROOT, op_module, storage_module
-from graphmem.memory.mode_report import reference_steps
+from graphmem.memory.mode_report import parameter_step, reference_steps
 from graphmem.memory.results import Category, ModeReport
 from graphmem.records import Trace
 from graphmem.report.series import live_at
@@ -99,7 +99,8 @@ def module_rows(mode: ModeReport, depth: int = 2) -> tuple[ModuleRow, ...]:
     storages = {s.sid: s for s in mode.trace.storages}
     peak = mode.peak.step
     # column -> (category it counts or None for all, the op index it is taken at)
-    columns = {"params": (Category.PARAMETER, -1), "grads": (Category.GRADIENT, steps.end_of_backward),
+    columns = {"params": (Category.PARAMETER, parameter_step(mode.lifetimes, mode.trace)),
+               "grads": (Category.GRADIENT, steps.end_of_backward),
                "optimizer_state": (Category.OPTIMIZER_STATE, steps.end),
                "activations": (Category.ACTIVATION, steps.end_of_loss), "peak": (None, peak)}
     sums: dict[str, dict[str, int]] = {}

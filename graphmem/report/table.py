@@ -14,6 +14,7 @@ from graphmem.report.generate_section import generate_table
 from graphmem.report.header import Setup, render_header
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.parallel_section import parallel_table
+from graphmem.report.program_section import program_failure_line, program_files_table
 from graphmem.report.scratch_note import scratch_note
 from graphmem.units import format_bytes
 
@@ -47,6 +48,9 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     if report.ratio is not None:
         summary.append(["train / inference", "", f"{report.ratio:.2f}x"])
     parts.append(tabulate(summary, headers=head, tablefmt="simple") + unseen_line(modes))
+    failure = program_failure_line(report)
+    if failure:
+        parts.append(failure)
     rows = [[str(c)] + [fmt(m.breakdown[c]) for m in modes] for c in Category
             if c != Category.COMMUNICATION or any(m.breakdown[c] for m in modes)]
     rows.append(["total"] + [fmt(sum(m.breakdown.values())) for m in modes])
@@ -69,6 +73,9 @@ def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, t
     for note in sorted({a for m in modes for a in m.assumptions}):
         parts.append(f"Assumed: {note}")
     parts.extend(render_module_sections(report, units, depth, top))
+    files = program_files_table(report, fmt)
+    if files:
+        parts.append(files)
     scratch = scratch_note({op for m in modes for op in m.unmodeled_ops}, report.device)
     if scratch:
         parts.append(scratch)

@@ -250,3 +250,16 @@ def test_a_loop_that_updates_by_hand() -> None:
     two = run_program(script, steps=2).train
     assert two is not None and len(two.iteration_peaks) == 2
     assert not any(op.iteration == 2 for op in two.trace.ops)
+
+
+def test_the_per_module_table_of_a_program_counts_its_parameters() -> None:
+    """graphmem run's per-module table fills the parameters column as analyze's does: each
+    Linear of examples/train_loop.py holds its weight and bias, float32 (counted here from
+    the sizes the script builds: 1000 -> 256 -> 1000)."""
+    from graphmem.report.modules import module_rows
+
+    report = run_program(str(ROOT / "examples" / "train_loop.py"), ["--batch-size", "8", "--hidden", "256"]).train
+    assert report is not None
+    rows = {row.module: row.params_bytes for row in module_rows(report, depth=1)}
+    assert rows["0"] == (1000 * 256 + 256) * 4 and rows["2"] == (256 * 1000 + 1000) * 4
+    assert sum(rows.values()) == report.params_bytes

@@ -3,8 +3,10 @@
 Input: a list the skipped saves are told to.  Output: ``skipping_saves``, a context manager
 under which ``torch.save``, safetensors' ``save_file`` / ``save_model`` and torch's distributed
 checkpoint ``save`` / ``async_save`` write nothing (the tensors are fakes: there is nothing to
-write, and a half-written checkpoint would overwrite a real one); each skipped save is listed
-with the program's line that asked for it.  ``save_pretrained`` saves through safetensors (or
+write); a save to a path leaves an empty file there, in the program's own file layer
+(graphmem.trace.program.scratch: the real file is never touched), so that a rename or an
+existence check after it works; each skipped save is listed with the program's line that
+asked for it.  ``save_pretrained`` saves through safetensors (or
 ``torch.save``), so it is skipped there; the config files it writes are written.
 """
 
@@ -23,7 +25,8 @@ from typing import Any
 
 import torch
 
-from graphmem.patching import replaced_everywhere
+from graphmem._torch_api import holds_fakes, storage_key
+from graphmem.patching import patched, replaced_everywhere, when_imported
 
 __all__ = ["frame_kind", "program_line", "skipping_saves"]
 
@@ -84,6 +87,11 @@ def _skip(skipped: list[str], what: str, target_at: int | str) -> Any:
         target = kwargs.get(target_at) if isinstance(target_at, str) else (
             args[target_at] if len(args) > target_at else kwargs.get("f", kwargs.get("filename")))
         skipped.append(f"{what} to {_where(target)} ({program_line()})")
+        if isinstance(target, (str, os.PathLike)) and not what.startswith("torch.distributed"):
+            # an empty file where the checkpoint would be, in the program's own file layer
+            # (graphmem.trace.program.scratch): a rename or an existence check that follows works
+            with open(target, "wb"):
+                pass
     return save
 
 
@@ -99,6 +107,41 @@ def _optional(module: str, names: tuple[str, ...], what: str, target_at: int | s
     return {getattr(owner, name): _skip(skipped, f"{what}.{name}", target_at) for name in names if hasattr(owner, name)}
 
 
+# the libraries whose ``id_tensor_storage`` says which tensors of a state dict share memory, by
+# ``data_ptr()``: every fake's is 0, so all would look shared and ``save_pretrained`` refuse
+_STORAGE_IDS = ("transformers.pytorch_utils", "peft.utils.other", "accelerate.utils.modeling")
+
+
+@contextlib.contextmanager
+def _storage_ids_apart() -> Iterator[None]:
+    """Inside, each library's ``id_tensor_storage`` tells fake tensors' storages apart: patched
+    where the library is imported already (every module that bound it by name too), else as the
+    program imports it (before the modules that bind it by name do)."""
+    with contextlib.ExitStack() as stack:
+        loaded = {}
+        for name in _STORAGE_IDS:
+            module = sys.modules.get(name)
+            if module is not None and hasattr(module, "id_tensor_storage"):
+                loaded[module.id_tensor_storage] = _fake_aware(module.id_tensor_storage)
+            elif module is None:
+                stack.enter_context(when_imported(name, lambda m: stack.enter_context(
+                    patched((m, "id_tensor_storage", _fake_aware(m.id_tensor_storage))))
+                    if hasattr(m, "id_tensor_storage") else None))
+        stack.enter_context(replaced_everywhere(loaded, ("id_tensor_storage",)))
+        yield
+
+
+def _fake_aware(original: Any) -> Any:
+    @functools.wraps(original)
+    def id_tensor_storage(tensor: torch.Tensor) -> Any:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if not holds_fakes(local):
+            return original(tensor)
+        device, _, size = original(tensor)
+        return device, storage_key(local)[0], size
+    return id_tensor_storage
+
+
 @contextlib.contextmanager
 def skipping_saves(skipped: list[str]) -> Iterator[None]:
     """Inside, checkpoint saves write nothing; each is appended to ``skipped`` as
@@ -111,5 +154,6 @@ def skipping_saves(skipped: list[str]) -> Iterator[None]:
         savers |= _optional("torch.distributed.checkpoint", ("save", "async_save", "save_state_dict"),
                             "torch.distributed.checkpoint", "checkpoint_id", skipped)
     with replaced_everywhere(savers, ("save", "save_file", "save_model", "safe_save_file", "async_save",
-                                      "save_state_dict")):
+                                      "save_state_dict")), \
+            _storage_ids_apart():
         yield

@@ -75,10 +75,10 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from graphmem.patching import environment, patched, replaced_everywhere
+from graphmem.records import FileChange
 from graphmem.trace.program import scratch_changes as changes
 from graphmem.trace.program.scratch_calls import Reads
 from graphmem.trace.program.scratch_layer import Layer
@@ -92,16 +92,7 @@ _NO_BYTES = frozenset({"deleted", "directory deleted", "directory created", "sym
 _OPEN_ALIASES = ("_builtin_open", "bltn_open")
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One thing the program did to the file system (in the layer only)."""
-
-    path: str  # the path the program used, absolute
-    action: str  # "created", "overwritten", "appended", "modified", "truncated", "deleted",
-    # "renamed" (then `to`), "directory created", "directory deleted", "symlink created",
-    # "hard link created", "mode changed", "times changed", "owner changed", "attributes changed"
-    size_bytes: int  # bytes of the file as the program left it (0 for a deletion or a folder)
-    to: str | None = None  # where a rename put it
+Change = FileChange  # one thing the program did to the file system (in the layer only)
 
 
 class Scratch:

@@ -56,10 +56,17 @@ class Cut:
 
 @dataclass
 class Cuts:
-    """What ``cutting_stacks`` cut (at most one stack), and the blocks it built unrecorded."""
+    """What ``cutting_stacks`` cut (at most one stack), and the blocks it built unrecorded.
+
+    ``decide`` is asked once, when the first block past the first KEEP starts: True to cut
+    (the blocks from there on are built unrecorded), False to record the model whole from that
+    moment (graphmem.trace.program.backup: the process that says True has a backup that says
+    False)."""
 
     made: list[Cut] = field(default_factory=list)
     unrecorded: list[nn.Module] = field(default_factory=list)
+    decide: Callable[[], bool] = lambda: True
+    decided: bool | None = None  # the answer, once asked
 
 
 def _subclasses(cls: type) -> Iterator[type]:
@@ -90,12 +97,14 @@ class _Builds:
 
     def past_keep(self, module: nn.Module) -> bool:
         """Whether ``module`` starts a block past the first KEEP of a container being filled."""
-        if self.cuts.made or self.quiet or not self.depth:
+        if self.cuts.made or self.quiet or not self.depth or self.cuts.decided is False:
             return False
         for container in self.containers:
             children = list(container._modules.values())
             if len(children) >= KEEP and all(type(c) is type(module) for c in children[1:]):
-                return True
+                if self.cuts.decided is None:
+                    self.cuts.decided = self.cuts.decide()
+                return self.cuts.decided
         return False
 
     def built(self, module: nn.Module) -> None:

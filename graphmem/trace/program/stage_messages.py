@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib.abc
-import importlib.machinery
 import pickle
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from graphmem._torch_api import pipeline_backward_meta, pipeline_inference_mode, pipeline_warmup_owners
-from graphmem.patching import patched
+from graphmem.patching import patched, when_imported
 
 __all__ = ["Exchange", "Exchanged", "Key", "Mailbox", "Waits", "exchanging_stage_messages"]
 
@@ -136,48 +133,8 @@ def exchanging_stage_messages(exchange: Exchange) -> Iterator[None]:
         def change(module: ModuleType) -> None:
             stack.enter_context(_stages_exchanging(exchange))
 
-        with _when_imported("torch.distributed.pipelining.schedules", change):
+        with when_imported("torch.distributed.pipelining.schedules", change):
             yield
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds module ``name`` as the other finders do, and calls ``then(module)`` once it has
-    been executed."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return None
-        execute, then = loader.exec_module, self.then
-
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            then(module)
-
-        loader.exec_module = exec_module  # (this module's own loader)
-        return spec
-
-
-@contextlib.contextmanager
-def _when_imported(name: str, then: Callable[[ModuleType], None]) -> Iterator[None]:
-    """``then(module)`` now if module ``name`` is imported, else when it is, inside."""
-    if name in sys.modules:
-        then(sys.modules[name])
-        yield
-        return
-    finder = _AfterImport(name, then)
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(finder)
 
 
 @contextlib.contextmanager
