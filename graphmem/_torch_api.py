@@ -76,16 +76,19 @@ __all__ = [
     "count_flops",
     "current_autograd_node",
     "expr_of",
+    "fake_like",
     "hint_of",
     "holds_fakes",
     "is_fake",
     "local_tensor",
+    "outside_modes",
     "quiet_fake_tensor_logs",
     "shape_guards",
     "size_symbol",
     "storage_expired",
     "storage_key",
     "tensor_check",
+    "tensor_text",
     "to_fake",
     "tree_flatten",
     "tree_map",
@@ -486,3 +489,30 @@ def process_group_sizes() -> list[int]:
     if not dist.is_available() or not dist.is_initialized():
         return []
     return [group.size() for group in dist.distributed_c10d._world.pg_map]
+
+
+def outside_modes() -> contextlib.AbstractContextManager[Any]:
+    """Inside, no dispatch mode is active (the recorder's and the fake mode's included): ops on
+    real tensors run for real, unrecorded; a fake tensor's own ops still run on fakes."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def tensor_text(value: torch.Tensor, suffixes: list[str]) -> str:
+    """``repr(value)`` with more of ``_str_intern``'s suffixes (``grad_fn=<...>``, ``device=...``), placed
+    as torch places them (torch/_tensor_str.py ``_add_suffixes``: on the line, or on a new one past
+    the line width)."""
+    from torch._tensor_str import _add_suffixes
+
+    text = repr(value)
+    if not suffixes:
+        return text
+    return str(_add_suffixes(text[:-1], suffixes, len("tensor("), False))
+
+
+def fake_like(like: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """A fake tensor of ``meta``'s metadata in fake ``like``'s mode, on the device ``like`` is made on
+    (the CPU, or meta), whatever ``like.device`` shows the program (``fakes_show_device``)."""
+    assert isinstance(like, FakeTensor), f"fake_like: {type(like).__name__} is no fake tensor"
+    return to_fake(like.fake_mode, meta, like.fake_device)

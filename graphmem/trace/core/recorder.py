@@ -5,9 +5,11 @@ dispatches, in execution order: forward, the autograd engine's backward, the opt
 For each op it appends an ``OpRecord`` and an fx node (``GraphBuilder``); its storages go to
 the books (``StorageBooks``: size, roles, creation, release), its module comes from the
 ``ModuleTracker``, and a read of values fake tensors do not hold is answered by
-``ValueAnswers`` (graphmem.trace.values.answers).  Releases come from the same reference
-counting that frees memory in a real run (Python references, autograd's saved tensors, the
-optimizer's state), so they are observed, not guessed.
+``ValueAnswers`` (graphmem.trace.values.answers); recording a program (``where`` given), the
+reads Python makes without an op (``repr``, ``numpy()``, ``copy.deepcopy``) are answered too,
+while the recorder is entered (graphmem.trace.values.reads).  Releases come from the same
+reference counting that frees memory in a real run (Python references, autograd's saved
+tensors, the optimizer's state), so they are observed, not guessed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from graphmem.trace.core.storages import HELD, StorageBooks
 from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import RuleTable, metas, scratch_bytes
 from graphmem.trace.values.answers import ValueAnswers
+from graphmem.trace.values.reads import reading_values
 
 __all__ = ["Recorder"]
 
@@ -64,18 +67,23 @@ class Recorder(TorchDispatchMode):
         assume: what the user declared about values graphmem does not see.
         held: roles whose tensors graphmem holds for the whole recording (none in a program).
         read_note: how notes name the source of ``assume.reads`` when it is not ``--assume``.
-        where: graphmem run: the program's line running now, for each op.
+        where: graphmem run: the program's line running now, for each op and each read's note.
+        python_reads: answer Python's reads of fake tensors' values while entered (``repr``,
+            ``numpy()``, ``copy.deepcopy``: graphmem.trace.values.reads); default: with ``where``.
     """
 
     def __init__(self, rules: RuleTable, assume: Assumptions | None = None, *, held: frozenset[Role] = HELD,
-                 read_note: str = "", where: Callable[[], str] | None = None) -> None:
+                 read_note: str = "", where: Callable[[], str] | None = None,
+                 python_reads: bool | None = None) -> None:
         super().__init__()
         self.ops: list[OpRecord] = []
         self.books = StorageBooks(self.ops, held)
         self.modules = ModuleTracker(self.books)
         self.fx = GraphBuilder()
         self.assumptions: list[str] = []  # the report's notes on what the recording rests on
-        self.answers = ValueAnswers(rules, assume or Assumptions(), self.assumptions, read_note)
+        self.answers = ValueAnswers(rules, assume or Assumptions(), self.assumptions, read_note, where)
+        self._reads = contextlib.ExitStack() if (where is not None if python_reads is None else python_reads) else None
+        self._entered = 0
         self.phase, self.iteration = Phase.FORWARD, 0
         self.pending: tuple[str, str] = ("", "")  # the op being recorded and its module, for errors
         self.silent = False  # ops run now are graphmem's own (or after a program's last step): not recorded
@@ -139,6 +147,21 @@ class Recorder(TorchDispatchMode):
         finally:
             self.silent = False
 
+    def __enter__(self) -> Recorder:
+        if self._reads is not None and not self._entered:
+            self._reads.enter_context(reading_values(self.answers))
+        self._entered += 1
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._entered -= 1
+            if self._reads is not None and not self._entered:
+                self._reads.close()
+
     supports_higher_order_operators = True  # FlexAttention's reach __torch_dispatch__ (_ONE_KERNEL)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -166,7 +189,7 @@ class Recorder(TorchDispatchMode):
         index = len(self.ops)
         in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
                       and func not in ops.LIFTS]  # a lift's input is the real constant it fakes
-        in_sids = tuple(dict.fromkeys(self.books.track(t, index).sid for t in in_tensors))
+        in_sids = self._sids(in_tensors, index)
         module = self.modules.current(self.phase, in_sids, self.ops)
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.modules.note_sequence(module)
@@ -178,7 +201,7 @@ class Recorder(TorchDispatchMode):
         out = func(*args, **kwargs) if kernel else \
             fixed_outputs(self._rules, func, args, kwargs, fresh_outputs(func, self._run(func, args, kwargs)))
         out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        out_sids = tuple(dict.fromkeys(self.books.track(t, index).sid for t in out_tensors))
+        out_sids = self._sids(out_tensors, index)
         if self.books.on_gpu is not None:
             scratch = scratch if self.books.place(device, in_sids, out_sids, bool(self.host_asked)) else 0
         if func.namespace in _COLLECTIVES:
@@ -201,6 +224,12 @@ class Recorder(TorchDispatchMode):
                                  line=self.where() if self.where is not None else "", listed=listed))
         return out
 
+    def _sids(self, tensors: list[torch.Tensor], index: int) -> tuple[int, ...]:
+        """The storages of ``tensors``, each once, in order (a sparse tensor's: its parts')."""
+        track, track_all = self.books.track, self.books.track_all
+        return tuple(dict.fromkeys(rec.sid for t in tensors for rec in (
+            (track(t, index),) if t.layout is torch.strided else track_all(t, index))))
+
     def _run(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Run the op on fake tensors.  A value the optimizer step reads comes from the real
         one-element replica (graphmem.trace.step.replica), in order; a value or value-dependent
@@ -211,7 +240,7 @@ class Recorder(TorchDispatchMode):
             func(*args, **kwargs)
             return args[0]
         try:
-            out = func(*args, **kwargs)
+            out = self.answers.sized(func, args, kwargs, func(*args, **kwargs))
         except DATA_DEPENDENT_ERRORS as exc:
             return self.answers.answer(func, args, kwargs, exc, self.pending[1])
         if self.phase in (Phase.FORWARD, Phase.LOSS) or (self.phase == Phase.BACKWARD and self.modules.stack):

@@ -4,6 +4,10 @@ Input: tensors as the recorder sees them (op inputs and outputs, tensors the ste
 mark), and the number of ops recorded so far.  Output: ``StorageRecord``s (graphmem.records)
 with the op after which each storage was created and released.
 
+A sparse tensor has no storage of its own: its memory is its parts' (COO's indices and values,
+CSR's compressed indices, plain indices and values: graphmem.trace.values.sparse), each a
+storage of the books, watched through the sparse tensor.
+
 Releases are observed, not guessed: each tensor seen carries a weak reference whose callback
 flags its storage, and only flagged storages are checked at a poll, so recording costs time
 linear in the number of ops however many storages are live.  The books hold weak references
@@ -23,6 +27,7 @@ from torch import nn
 
 from graphmem._torch_api import StorageWeakRef, expr_of, hint_of, local_tensor, storage_expired, storage_key
 from graphmem.records import OpRecord, Role, StorageRecord
+from graphmem.trace.values.sparse import is_sparse, parts
 
 __all__ = ["HELD", "LiveStorage", "StorageBooks"]
 
@@ -78,8 +83,24 @@ class StorageBooks:
         self._emptied: dict[int, LiveStorage] = {}  # storage cdata -> its record when it was resized to 0
 
     def track(self, t: torch.Tensor, created: int) -> LiveStorage:
-        """The record of ``t``'s storage, created now if unseen (a DTensor's: its local tensor's)."""
+        """The record of ``t``'s storage, created now if unseen (a DTensor's: its local tensor's;
+        a sparse tensor's: its first part's, every part tracked: ``track_all``)."""
         t = local_tensor(t)
+        if t.layout is not torch.strided and is_sparse(t):
+            return self.track_all(t, created)[0]
+        return self._track(t, t, created)
+
+    def track_all(self, t: torch.Tensor, created: int) -> list[LiveStorage]:
+        """The records of all of ``t``'s storages: its own, or a sparse tensor's parts', each
+        flagged for a poll when ``t`` dies."""
+        t = local_tensor(t)
+        if t.layout is torch.strided or not is_sparse(t):
+            return [self._track(t, t, created)]
+        return [self._track(part, t, created) for part in parts(t)]
+
+    def _track(self, t: torch.Tensor, holder: torch.Tensor, created: int) -> LiveStorage:
+        """The record of ``t``'s storage, watched through ``holder`` (``t`` itself, or the sparse
+        tensor ``t`` is a part of)."""
         cdata, ref, nbytes = storage_key(t)
         rec = self._live.get(cdata)
         if rec is None or storage_expired(cdata):
@@ -87,7 +108,7 @@ class StorageBooks:
             self.storages.append(rec)
             self._live[cdata] = rec
             self._polled.add(cdata)
-        self._watch(t, cdata)
+        self._watch(holder, cdata)
         return rec
 
     def _watch(self, t: torch.Tensor, cdata: int) -> None:
@@ -126,14 +147,14 @@ class StorageBooks:
     def mark(self, t: torch.Tensor, role: Role, label: str = "", owner: str = "") -> None:
         """Give ``t``'s storage a role (parameter, gradient, saved, ...), a name, and the
         parameter it belongs to (for gradients and optimizer state)."""
-        rec = self.track(t, created=len(self.ops) - 1 if self.ops else -1)
-        rec.roles.add(role)
-        if role in self.held and rec.released is None:  # held by graphmem itself: never released
-            self._polled.discard(rec.cdata)
-        if label and not rec.label:
-            rec.label = label
-        if owner:
-            self.owner.setdefault(rec.sid, owner)
+        for rec in self.track_all(t, created=len(self.ops) - 1 if self.ops else -1):
+            rec.roles.add(role)
+            if role in self.held and rec.released is None:  # held by graphmem itself: never released
+                self._polled.discard(rec.cdata)
+            if label and not rec.label:
+                rec.label = label
+            if owner:
+                self.owner.setdefault(rec.sid, owner)
 
     def resized(self, t: torch.Tensor) -> None:
         """``t``'s storage was resized in place (FSDP2 frees and regrows unsharded parameters
@@ -194,14 +215,14 @@ class StorageBooks:
     def sid_of(self, t: torch.Tensor) -> int | None:
         """The storage id of live ``t``'s storage (a DTensor's: its local tensor's), None when
         the books never saw it."""
-        rec = self._live.get(storage_key(local_tensor(t))[0])
+        rec = self._live.get(_cdata_of(t))
         return None if rec is None else rec.sid
 
     def is_on_gpu(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is on the GPU (with ``on_gpu``; else every tensor is)."""
         if self.on_gpu is None:
             return True
-        rec = self._live.get(storage_key(local_tensor(t))[0])
+        rec = self._live.get(_cdata_of(t))
         return rec is not None and rec.sid in self.on_gpu
 
     def hold(self, t: torch.Tensor) -> None:
@@ -217,8 +238,8 @@ class StorageBooks:
     def buffer_replaced(self, old: torch.Tensor, new: Any) -> None:
         """The model assigned ``new`` over its buffer ``old`` (``self.x_min = self.x_min + x``):
         a real run frees ``old`` then, unless something else holds it (``release_replaced``)."""
-        cdata = storage_key(local_tensor(old))[0]
-        if isinstance(new, torch.Tensor) and storage_key(local_tensor(new))[0] == cdata:
+        cdata = _cdata_of(old)
+        if isinstance(new, torch.Tensor) and _cdata_of(new) == cdata:
             return  # the same storage (an in-place update, a view of it)
         rec = self._live.get(cdata)
         if rec is not None and Role.BUFFER in rec.roles and rec.released is None:
@@ -266,3 +287,9 @@ class StorageBooks:
                           created=s.created, released=s.released,
                           roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
             for s in self.storages)
+
+
+def _cdata_of(t: torch.Tensor) -> int:
+    """The key of ``t``'s storage in the live tables (a sparse tensor's: its first part's)."""
+    t = local_tensor(t)
+    return storage_key(parts(t)[0] if t.layout is not torch.strided and is_sparse(t) else t)[0]

@@ -6,6 +6,11 @@ knows (shadows of assumed inputs, mask counts, the optimizer replica's reads).  
 op's outputs, or its value, and the note the report shows.  The answerers are tried in one
 order, written once in ``ValueAnswers.ANSWERERS``: the known values (shadows), a rule that
 computes sizes from known values, a declared read, a declared size, the op's largest output.
+
+Two reads raise no error and are answered here too: an op whose fake kernel sizes its output
+without the values the real kernel reads (a conversion to a sparse layout: ``sized``), and a
+read of a whole tensor's values that no op makes (``repr``, ``numpy()``: ``values_of``, for
+graphmem.trace.values.reads).
 """
 
 from __future__ import annotations
@@ -13,23 +18,35 @@ from __future__ import annotations
 import linecache
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from graphmem._torch_api import DynamicOutputShapeException, hint_of, tree_flatten, tree_map, unset_fake_temporarily
+from graphmem._torch_api import (
+    DynamicOutputShapeException,
+    fake_like,
+    hint_of,
+    outside_modes,
+    tree_flatten,
+    tree_map,
+    unset_fake_temporarily,
+)
 from graphmem.errors import TraceError
 from graphmem.job.assume import KNOBS, Assumptions
 from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, metas, output_bounds
 from graphmem.trace.values.counts import NonzeroCounts
 from graphmem.trace.values.shadows import Shadows
+from graphmem.trace.values.sparse import SPARSE_CONVERSIONS, is_sparse, most_elements, with_elements
 
 __all__ = ["ValueAnswers"]
 
 _NOT_MINE = object()  # an answerer's "not a read I answer"
 # what a value-dependent op is called in a note
-_BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique"}
+_BOUNDED_NAMES = {"index": "boolean-mask indexing", "_unique2": "unique", "unique_dim": "unique",
+                  "_to_sparse": "to_sparse", "_to_sparse_csr": "to_sparse_csr", "_to_sparse_csc": "to_sparse_csc",
+                  "_to_sparse_bsr": "to_sparse_bsr", "_to_sparse_bsc": "to_sparse_bsc"}
 # bitsandbytes' LLM.int8 ops whose outlier columns are bounded (graphmem.trace.rules.quantized)
 _INT8_OUTLIER_OPS = frozenset({"int8_vectorwise_quant", "int8_double_quant", "int8_mixed_scaled_mm"})
 _INT8_OUTLIERS = ("LLM.int8 computes the input columns holding a value past its threshold (6.0) in 16 bits, "
@@ -42,12 +59,14 @@ class ValueAnswers:
 
     ANSWERERS = ("_from_shadows", "_from_values", "_declared_read", "_declared_size", "_bounded")
 
-    def __init__(self, rules: RuleTable, assume: Assumptions, notes: list[str], read_note: str = "") -> None:
+    def __init__(self, rules: RuleTable, assume: Assumptions, notes: list[str], read_note: str = "",
+                 where: Callable[[], str] | None = None) -> None:
         self._rules = rules
         self.notes = notes
         self.kept = assume.kept  # --assume nonzero=F: value-dependent sizes at F of their most
         self.read_value = assume.reads  # --assume reads=N: a read of unknown values gives N
         self.read_note = read_note  # how notes say where read_value came from, when not from --assume reads=N
+        self.where = where  # graphmem run: the program's line running now ("train.py:12"), named in read notes
         self.shadows = Shadows()
         self.shadows.routing = assume.routing
         self.counts = NonzeroCounts()  # masks built from zeros by setting k elements
@@ -164,10 +183,64 @@ class ValueAnswers:
         n = self.read_value
         if func != ops.READ or n is None:
             return _NOT_MINE
-        t = args[0]
-        value: Any = bool(n) if t.dtype == torch.bool else float(n) if t.is_floating_point() else n
-        self.declared.setdefault(f"`{_model_line()}` read as {value}", set()).add(module)
+        value = _in_kind(n, args[0])
+        self.declared.setdefault(f"{self._read_at()} read as {value}", set()).add(module)
         return value
+
+    def _read_at(self) -> str:
+        """The line a read ran, as a note names it: its code (``where`` given: the program's
+        line, ``file:line`` after it; else the model's)."""
+        if self.where is None:
+            return f"`{_model_line()}`"
+        place = self.where()
+        path, _, number = place.rpartition(":")
+        code = _code_at(path, int(number)) if number.isdigit() else ""
+        return f"`{code}` at {place}" if code else place
+
+    def values_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The values of fake ``t`` as a real tensor, read as Python reads a whole tensor (``repr``,
+        ``numpy()``, ``tolist()``; no op is recorded): the known ones (the shadow itself: writes
+        through a numpy array reach it, as a real tensor's reach its storage), else the declared
+        read in every element (no memory: one element, expanded), noted like ``_declared_read``'s;
+        None where nothing is known or declared."""
+        shadow = self.shadows.get(t)
+        if shadow is not None:
+            self.shadows.used |= shadow.sources
+            return shadow.value
+        if self.read_value is None or t.layout in (torch.sparse_bsr, torch.sparse_bsc):  # (blocks of what size?)
+            return None
+        value = _in_kind(self.read_value, t)
+        shape = tuple(hint_of(d) for d in t.shape)
+        self.declared.setdefault(f"{self._read_at()} read as {value}{' everywhere' * (math.prod(shape) != 1)}",
+                                 set()).add("")
+        with outside_modes():
+            every = torch.full((), value, dtype=t.dtype).expand(shape)
+            if t.layout is torch.sparse_coo:
+                return every.to_sparse(t.sparse_dim())
+            return every.to_sparse(layout=t.layout) if is_sparse(t) else every
+
+    def sized(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        """``out``, or its stand-in, where ``func``'s fake kernel sizes it without the values the
+        real kernel reads: a conversion to a sparse layout keeps the elements that are not zero
+        (graphmem.trace.values.sparse), as many as the known values have, else the most it can
+        keep (noted, like ``_bounded``).  Any other op: ``out`` itself."""
+        if func not in SPARSE_CONVERSIONS or not isinstance(out, torch.Tensor):
+            return out
+        if self.shadows.answerable(args, kwargs):
+            real = self.shadows.run(func, args, kwargs)
+            with unset_fake_temporarily():  # (the fake mode would make it a fake first, of none)
+                nnz = real._nnz()
+            self.shadows.used |= self.shadows.sources(args, kwargs)
+        else:
+            most = most_elements(args[0], out)
+            nnz = most if self.kept is None else min(most, math.ceil(most * self.kept))
+            self.bounded = True
+            note = self._bound_note(func.__name__.split(".")[0], "", nnz, most)
+            if note not in self.notes:
+                self.notes.append(note)
+        if nnz == hint_of(out._nnz()) and not (is_sparse(out) and out.layout is not torch.sparse_coo):
+            return out
+        return fake_like(out, with_elements(out, nnz, args[0]))
 
     def _declared_size(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
         """``repeat_interleave`` of repeats no shadow knows (its output as long as their sum), as
@@ -210,9 +283,9 @@ class ValueAnswers:
                     f"with --assume nonzero={self.kept:g}")
         name = _BOUNDED_NAMES.get(op, op)
         where = f"{name} in {module}" if module else name
-        if self.kept is None:
+        if self.kept is None:  # (graphmem run, with read_note, has no --assume)
             return (f"upper bound: {where} depends on values; recorded keeping {count:,} elements, the most "
-                    "it can (declare a fraction with --assume nonzero=0.5)")
+                    f"it can{'' if self.read_note else ' (declare a fraction with --assume nonzero=0.5)'}")
         return (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
                 f"as declared with --assume nonzero={self.kept:g}")
 
@@ -227,13 +300,21 @@ class ValueAnswers:
                 "were recorded at the most they can be; give the real values with --sample FILE"]
 
     def declared_notes(self) -> list[str]:
-        """The report's notes on ``--assume reads=N``: each line of the model's code it answered."""
+        """The report's notes on ``--assume reads=N``: each line of the model's code it answered.
+        With ``read_note`` (graphmem run, whose report takes these notes alone) every other note
+        of the recording after them (sizes recorded at their bound)."""
         if self.read_note:
             return [f"{self.read_note}: {what}{f' ({len(modules)} places)' if len(modules) > 1 else ''}"
-                    for what, modules in self.declared.items()]
+                    for what, modules in self.declared.items()] + self.notes
         return [f"a value the model computes and reads was taken as declared with --assume reads={self.read_value}: "
                 f"{what}{f' (in {len(modules)} modules)' if len(modules) > 1 else ''}; the peak holds for that value"
                 for what, modules in self.declared.items()]
+
+
+def _in_kind(n: int, t: torch.Tensor) -> Any:
+    """The declared read ``n`` as a value of ``t``'s kind: a condition (true unless ``n`` is 0), a
+    float, or an integer."""
+    return bool(n) if t.dtype == torch.bool else float(n) if t.is_floating_point() else n
 
 
 def _model_line() -> str:
@@ -242,6 +323,11 @@ def _model_line() -> str:
     while frame is not None:
         path = frame.f_code.co_filename
         if not any(part in path for part in ("/torch/", "/graphmem/", "<")):
-            return linecache.getline(path, frame.f_lineno).split("  #")[0].strip()[:100]
+            return _code_at(path, frame.f_lineno)
         frame = frame.f_back  # type: ignore[assignment]
     return ""
+
+
+def _code_at(path: str, number: int) -> str:
+    """Line ``number`` of the file at ``path``, stripped, without its comment, cut to 100 characters."""
+    return linecache.getline(path, number).split("  #")[0].strip()[:100]

@@ -33,6 +33,7 @@ from graphmem._torch_api import (
     generator_started_at,
     hint_of,
     holds_fakes,
+    outside_modes,
     tree_flatten,
     tree_map,
     unset_fake_temporarily,
@@ -183,6 +184,10 @@ class Shadows:
         overwritten = func.overloadpacket in ops.OVERWRITES and tensors and tensors[0] is args[0] \
             and self.get(args[0]) is None and args[0] not in self._unfollowed
         if any(self.get(t) is None for t in tensors[1 if overwritten else 0:]):
+            if func.overloadpacket in ops.FINITE_CHECKS and isinstance(out, torch.Tensor):
+                # ``if torch.isnan(loss).any(): skip the step``: a run that trains has no NaN
+                self.finite_check(out, ops.FINITE_CHECKS[func.overloadpacket])
+                return
             self._forget_written(func, args, kwargs)
             return
         if not outs or any(hint_of(o.numel()) > SHADOW_LIMIT for o in outs) or func.overloadpacket in UNINITIALISED:
@@ -196,6 +201,16 @@ class Shadows:
         except OP_ERRORS:  # values the real op refuses (none seen): no shadow
             return
         self.attach(args, kwargs, out, real)
+
+    def copied(self, new: torch.Tensor, old: torch.Tensor) -> None:
+        """``new`` is a copy of ``old`` made outside the ops (``copy.deepcopy``): its own copy of
+        ``old``'s known values, if any (an in-place op on either then changes only its own)."""
+        found: _Shadow | None = self._shadows.get(old)
+        if found is None:
+            return
+        with outside_modes():
+            value = found.value.clone()
+        self._shadows[new] = _Shadow(value, found.sources)
 
     def _draw(self, out: torch.Tensor, low: float, high: float) -> None:
         """A uniform draw in [low, high): its largest value, just below ``high``, everywhere."""
