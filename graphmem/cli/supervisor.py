@@ -534,12 +534,18 @@ def _sender(fd: int) -> Callable[[dict[str, Any]], None]:
     return send
 
 
+def _progress(send: Callable[[dict[str, Any]], None], text: str) -> None:
+    """Hand a progress line on; a pipe the model's code closed fails the result, not the command."""
+    with contextlib.suppress(OSError):
+        send({"progress": text})
+
+
 def _run_command(argv: Sequence[str], send: Callable[[dict[str, Any]], None]) -> int:
     """The command, as click runs it in-process; its exit code."""
     from graphmem.cli import process
     from graphmem.cli.group import main as group
 
-    process.relay_progress(lambda text: send({"progress": text}))
+    process.relay_progress(lambda text: _progress(send, text))
     try:
         group.main(list(argv), prog_name="graphmem")
     except SystemExit as exc:

@@ -23,7 +23,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +33,7 @@ import pytest
 from tests.conftest import ROOT
 
 GRAPHMEM = [sys.executable, "-m", "graphmem"]
+INSTALLED = [str(Path(sys.executable).with_name("graphmem"))]  # the command a user runs
 VERDICTS = ("FITS", "DOES NOT FIT", "fits")
 
 MODELS = """
@@ -78,6 +79,11 @@ class ReadsStdin(Net):
     def forward(self, x):
         input("? ")
         return self.fc(x)
+
+class ClosesFds(Net):
+    def forward(self, x):
+        os.closerange(3, 65536)  # graphmem's pipe to its supervisor among them
+        return self.fc(x)
 """
 
 SHADOW = "import sys\nprint('graphmem-test: the shadowing module ran', file=sys.stderr)\nsys.exit(7)\n"
@@ -109,12 +115,13 @@ def _alive_with(marker: str) -> list[str]:
 Started = tuple[subprocess.Popen[str], str, Path]
 
 
-def _start(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> Started:
+def _start(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None,
+           command: Sequence[str] = GRAPHMEM) -> Started:
     """graphmem started as a CI runner starts it, with a temporary folder of its own."""
     marker = f"GRAPHMEM_TEST_RUN={uuid.uuid4().hex}"
     temp = Path(tempfile.mkdtemp(prefix="graphmem-test-"))
     environ = {**os.environ, "TMPDIR": str(temp), "GRAPHMEM_TEST_RUN": marker.partition("=")[2], **(env or {})}
-    process = subprocess.Popen([*GRAPHMEM, *args], cwd=cwd, env=environ, stdin=subprocess.DEVNULL,
+    process = subprocess.Popen([*command, *args], cwd=cwd, env=environ, stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     return process, marker, temp
 
@@ -129,10 +136,11 @@ def _finish(process: subprocess.Popen[str], marker: str, temp: Path, started: fl
     return Run(process.returncode, out, err + rest, seconds, _alive_with(marker), left)
 
 
-def _run(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> Run:
+def _run(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None, command: Sequence[str] = GRAPHMEM,
+         timeout: float = 240) -> Run:
     started = time.monotonic()
-    process, marker, temp = _start(args, cwd, env)
-    return _finish(process, marker, temp, started)
+    process, marker, temp = _start(args, cwd, env, command)
+    return _finish(process, marker, temp, started, timeout=timeout)
 
 
 def _wait_for(process: subprocess.Popen[str], line: str) -> str:
@@ -166,6 +174,7 @@ def runs(work: Path) -> dict[str, Run]:
         "stdin": ([*CHECK, "models.py:ReadsStdin"], None),
         "timeout": ([*CHECK, "models.py:Sleeps", "--timeout", "20s"], None),  # past start-up, even when loaded
         "bad_timeout": ([*CHECK, "models.py:Net", "--timeout", "soon"], None),
+        "closes_fds": ([*CHECK, "models.py:ClosesFds"], None),
     }
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(_run, args, work, env) for name, (args, env) in calls.items()}
@@ -192,6 +201,16 @@ def test_the_models_code_cannot_choose_the_exit_code(runs: dict[str, Run], name:
     assert error["kind"] == "analysis" and "ended without a result" in str(error["message"]), error
     assert "exited with status" in str(error["message"]), error
     assert not any(v in run.out for v in VERDICTS[:2]) and "Traceback" not in run.err, run
+    _clean(run)
+
+
+@pytest.mark.slow  # the runs fixture
+def test_a_model_that_closes_graphmems_pipe_is_told_so(runs: dict[str, Run]) -> None:
+    run = runs["closes_fds"]
+    assert run.code == 3, run
+    message = str(_error(run)["message"])  # it was "exited with status 0 ... (the model's code called os._exit?)"
+    assert "exited with status 1 before sending one (it closed the pipe graphmem reads the result from" in message
+    assert "Traceback" not in run.err, run
     _clean(run)
 
 
@@ -335,4 +354,209 @@ def test_no_caches_beside_the_model_or_in_home(tmp_path: Path) -> None:
     assert (tmp_path / "t.png").is_file()
     assert not (tmp_path / "__pycache__").exists()
     assert list(home.rglob("*")) == []
+    _clean(run)
+
+
+# --- graphmem run: the program's options, how its processes end, what it leaves ---------------
+
+# a tiny training program; what else it does comes from its environment
+PROGRAM = """
+import ctypes, json, multiprocessing, os, signal, subprocess, sys, time
+import torch
+
+def sleep_for_ever(pid_file):
+    with open(pid_file, "w") as file:
+        file.write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+if __name__ == "__main__":
+    print("graphmem-test argv: " + json.dumps(sys.argv), file=sys.stderr, flush=True)
+    time.sleep(float(os.environ.get("SLEEP_S", "0")))
+    helper, pid_file = os.environ.get("HELPER"), os.environ.get("PID_FILE", "")
+    if helper == "process":  # a daemon helper process that sleeps for ever
+        multiprocessing.Process(target=sleep_for_ever, args=(pid_file,), daemon=True).start()
+    elif helper == "session":  # a subprocess in a session and process group of its own
+        subprocess.Popen([sys.executable, "-c", f"import os, time; open({pid_file!r}, 'w').write(str(os.getpid())); "
+                          "time.sleep(600)"], start_new_session=True)
+    while helper and not (os.path.exists(pid_file) and os.path.getsize(pid_file)):  # the helper started
+        time.sleep(0.05)
+    if os.environ.get("END") == "error_at_start":
+        raise RuntimeError("graphmem-test: the program fails before its first step")
+    m = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(m.parameters(), 0.1)
+    for step in range(2):
+        if os.environ.get("END") == "sleep":
+            print("graphmem-test: sleeping", file=sys.stderr, flush=True)
+            time.sleep(600)
+        m(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        die = os.environ.get("DIE", "")
+        if die == "exit1":
+            ctypes.CDLL(None)._exit(1)  # libc's: no Python code runs
+        elif die == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif die == "segv":
+            ctypes.string_at(0)
+        elif die == "close":
+            os.closerange(3, 65536)
+    if os.environ.get("END") == "error":
+        raise RuntimeError("graphmem-test: the program fails after its steps")
+"""
+
+
+def _program_argv(run: Run) -> list[str]:
+    line = next(line for line in run.err.splitlines() if line.startswith("graphmem-test argv: "))
+    return list(json.loads(line.partition(": ")[2]))
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    (tmp_path / "prog.py").write_text(textwrap.dedent(PROGRAM))
+    return tmp_path
+
+
+@pytest.mark.slow  # three runs, one of 5 s
+def test_options_after_the_script_are_the_programs(program: Path) -> None:
+    """graphmem's options end at the script: the program's --timeout, --format and the rest are
+    its own, in its argv, and neither graphmem's time limit nor its error output change."""
+    theirs = ["--timeout", "2", "--format", "json", "--device", "cuda", "--steps", "5", "--gpu", "a100",
+              "--output", "x", "-h"]
+    calls: dict[str, tuple[list[str], dict[str, str]]] = {
+        "theirs": (["run", "--timeout", "60s", "prog.py", *theirs], {"SLEEP_S": "3"}),  # it was killed after 2 s
+        "fails": (["run", "prog.py", "--format", "json"], {"END": "error_at_start"}),  # it was a JSON document
+        "timeout": (["run", "--timeout", "5s", "prog.py", "--timeout", "0"], {"END": "sleep"}),  # it was no limit
+    }
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_run, args, program, env, INSTALLED, 90) for name, (args, env) in calls.items()}
+        runs = {name: future.result() for name, future in futures.items()}
+    run = runs["theirs"]
+    assert run.code == 0 and _program_argv(run) == ["prog.py", *theirs], run
+    assert run.out.startswith("graphmem run") and "A100" not in run.out and "timed out" not in run.err, run
+    assert not (program / "x").exists()
+    fails = runs["fails"]
+    assert fails.code == 3 and "Error: " in fails.err and not fails.out, fails  # graphmem's format: table
+    timeout = runs["timeout"]
+    assert timeout.code == 3 and "timed out after 5s (--timeout)" in timeout.err and timeout.seconds < 30, timeout
+    for run in runs.values():
+        _clean(run)
+
+
+@pytest.mark.xfail(strict=True, reason="graphmem/cli/commands.py: click's run command goes on reading graphmem's "
+                   "options after -m MODULE, where python -m (and docs/run.md) gives them to the module")
+def test_options_after_dash_m_module_are_the_modules(program: Path) -> None:
+    (program / "progmod.py").write_text((program / "prog.py").read_text())
+    run = _run(["run", "-m", "progmod", "--steps", "1", "--format", "json"], program, command=INSTALLED, timeout=90)
+    assert run.code == 0 and _program_argv(run)[1:] == ["--steps", "1", "--format", "json"], run
+    assert run.out.startswith("graphmem run"), run
+
+
+DEATHS = {"exit1": "exited with status 1", "kill": "killed by SIGKILL (out of memory?)", "segv": "killed by SIGSEGV",
+          "close": "exited with status 1"}
+# (close, 1 process): the program runs in graphmem's own process, whose trace code meets the closed
+# descriptors first (graphmem/trace/program/run.py); a model closing them: test_a_model_that_closes...
+DEATH_CASES = [(die, ranks) for die in DEATHS for ranks in (1, 2) if (die, ranks) != ("close", 1)]
+
+
+# every test that takes it is marked slow: the first pays for all its commands (~40 s here)
+@pytest.fixture(scope="module")
+def deaths(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Run]:
+    """The program's process (or one rank's) ended by libc's _exit(1), SIGKILL, a segfault, or
+    closing the file descriptors it inherited."""
+    folder = tmp_path_factory.mktemp("deaths")
+    (folder / "prog.py").write_text(textwrap.dedent(PROGRAM))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {(die, ranks): pool.submit(_run, ["run", "--nproc-per-node", str(ranks), "prog.py"], folder,
+                                             {"DIE": die}, INSTALLED, 120) for die, ranks in DEATH_CASES}
+        return {call: future.result() for call, future in futures.items()}
+
+
+@pytest.mark.parametrize("die, ranks", DEATH_CASES)
+@pytest.mark.slow  # the deaths fixture
+def test_how_the_programs_process_ended_is_named(deaths: dict[tuple[str, int], Run], die: str, ranks: int) -> None:
+    run = deaths[die, ranks]
+    assert run.code == 3, run
+    error = next(line for line in run.err.splitlines() if line.startswith("Error: "))
+    assert DEATHS[die] in error and "died (out of memory?)" not in error, error  # it said "(out of memory?)" for all
+    _clean(run)
+
+
+@pytest.fixture
+def pid_files() -> Iterator[Path]:
+    """Where the program's helpers write their pids: /dev/shm, which graphmem run's file layer
+    (graphmem.trace.program.scratch) passes through, so the files are real."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    folder = Path(tempfile.mkdtemp(prefix="graphmem-test-pids-", dir="/dev/shm"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _gone(pid_file: Path) -> None:
+    pid = int(pid_file.read_text())  # the helper started
+    assert not Path(f"/proc/{pid}").exists(), f"the program's helper {pid} is left"  # not even a zombie
+
+
+LEAVES = {"process": ("process", "", []), "process_error": ("process", "error_at_start", []),
+          "session": ("session", "", []), "session_timeout": ("session", "sleep", ["--timeout", "10s"])}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux's")
+@pytest.mark.slow  # four runs, one of 10 s
+def test_what_the_program_started_ends_with_the_command(program: Path, pid_files: Path) -> None:
+    """A daemon helper process (it kept graphmem from ever ending) and a subprocess in a session
+    of its own (it outlived graphmem): gone when the command ends, normally, with an error or at
+    its --timeout, and nothing left in TMPDIR."""
+    def one(name: str) -> Run:
+        helper, end, options = LEAVES[name]
+        return _run(["run", *options, "prog.py"], program, {"HELPER": helper, "END": end,
+                                                           "PID_FILE": str(pid_files / f"{name}.pid")}, INSTALLED, 90)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(LEAVES, pool.map(one, LEAVES)))
+    assert runs["process"].code == runs["session"].code == 0, runs
+    assert runs["process_error"].code == 3 and "graphmem-test: the program fails" in runs["process_error"].err, runs
+    assert runs["session_timeout"].code == 3 and "timed out after 10s" in runs["session_timeout"].err, runs
+    for name, run in runs.items():
+        assert run.seconds < 60, (name, run)  # a helper held graphmem until the test killed it
+        _gone(pid_files / f"{name}.pid")
+        _clean(run)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux's")
+def test_a_signal_ends_what_the_program_started(program: Path, pid_files: Path) -> None:
+    started = time.monotonic()
+    process, marker, temp = _start(["run", "prog.py"], program, {"HELPER": "session", "END": "sleep",
+                                                                 "PID_FILE": str(pid_files / "signal.pid")}, INSTALLED)
+    seen = _wait_for(process, "graphmem-test: sleeping")
+    os.killpg(process.pid, signal.SIGTERM)
+    run = _finish(process, marker, temp, started, seen, timeout=30)
+    assert run.code == 143, run
+    _gone(pid_files / "signal.pid")
+    _clean(run)
+
+
+@pytest.mark.parametrize("command", [INSTALLED, GRAPHMEM], ids=["graphmem", "python -m graphmem"])
+def test_a_program_run_from_a_folder_on_pythonpath_imports_its_modules_there(tmp_path: Path,
+                                                                            command: list[str]) -> None:
+    """As python does: PYTHONPATH's entries stay on sys.path, the current folder among them."""
+    (tmp_path / "mylib.py").write_text("WIDTH = 4\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text(textwrap.dedent("""
+        import torch
+        import mylib  # beside the current folder, which PYTHONPATH names
+
+        m = torch.nn.Linear(mylib.WIDTH, 4)
+        opt = torch.optim.SGD(m.parameters(), 0.1)
+        for _ in range(2):
+            m(torch.randn(2, mylib.WIDTH)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """))
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    assert subprocess.run([sys.executable, "sub/train.py"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": path},
+                          timeout=120).returncode == 0  # python runs it
+    run = _run(["run", "sub/train.py"], tmp_path, {"PYTHONPATH": path}, command, timeout=120)
+    assert run.code == 0 and "No module named" not in run.err, run  # it was "No module named 'mylib'"
     _clean(run)
