@@ -14,6 +14,7 @@ After the last step ``Enough`` is raised: not an Exception, so the program's ``f
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,8 @@ class Books:
         self.optimizers: list[str] = []
         self.params: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> its name
         self.replicas: dict[int, torch.optim.Optimizer | None] = {}
+        # id(optimizer) -> (closure calls its replica's steps made, its class) for a step that takes a closure
+        self.closure_calls: dict[int, tuple[int, str]] = {}
         self.reads: dict[str, int] = {}  # the program's line -> reads answered there
         # the optimizer steps running now, outermost first: whether another ran inside each (a
         # container of optimizers, as torchtitan's, steps each of its own inside its step)
@@ -144,7 +147,8 @@ class Books:
     def _closure_then_the_step(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """``step(closure)`` (Lightning, LBFGS): the closure runs the forward and the backward
         inside the step; the update after it is the optimizer phase again."""
-        closure = kwargs.get("closure", args[0] if args else None)
+        # torch hands the hooks ``step``'s own arguments: ``(self, closure, ...)``
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
             return None
 
@@ -156,7 +160,7 @@ class Books:
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": then_the_step}
-        return (then_the_step, *args[1:]), kwargs
+        return (args[0], then_the_step, *args[2:]), kwargs
 
     def step_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         recorder = self.recorder
@@ -211,8 +215,41 @@ class Books:
                 for group in replica.param_groups:
                     for p in group["params"]:
                         p.grad = torch.zeros_like(p)
-                replica.step()
+                if _takes_closure(replica):
+                    calls = _step_with_closure(replica, self.closure_calls.get(key, (0, ""))[0])
+                    self.closure_calls[key] = (calls, type(opt).__name__)
+                else:
+                    replica.step()
             return reads.values
+
+
+def _takes_closure(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt.step`` must be given a closure (LBFGS: it evaluates the loss itself)."""
+    try:
+        parameter = inspect.signature(opt.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def _step_with_closure(replica: torch.optim.Optimizer, before: int) -> int:
+    """Step ``replica`` with a closure whose loss keeps falling and whose gradients shrink
+    without vanishing, over this step and the ones before (``before``: the closure's calls in
+    the earlier steps), so that a step that iterates until it converges (LBFGS) runs its
+    longest: every iteration it allows (``max_iter``), each adding to its history up to
+    ``history_size``.  The values of the program's own loss are not known; this is the most
+    memory its step can take.  Returns the closure's calls so far, this step's included."""
+    calls = [before]
+    params = [p for group in replica.param_groups for p in group["params"]]
+
+    def closure() -> torch.Tensor:
+        calls[0] += 1
+        for p in params:
+            p.grad = torch.full_like(p, 1.0 / calls[0])
+        return torch.tensor(-float(calls[0]))
+
+    replica.step(closure)
+    return calls[0]
 
 
 def _replica(opt: torch.optim.Optimizer, gpu: bool) -> torch.optim.Optimizer | None:

@@ -438,6 +438,10 @@ def _notes(program: Program, recorder: Recorder, books: Books, stopped: bool, sa
     saves, data loading in process."""
     notes = list(recorder.answers.declared_notes())
     done = books.steps_done
+    for calls, name in books.closure_calls.values():
+        notes.append(f"{name}'s step called the program's closure {calls} times over {done} step{'s' * (done > 1)}: "
+                     "as often as its settings allow (max_iter), the loss taken as falling every time; a real "
+                     "run that converges sooner calls it less often and keeps a shorter history")
     if books.by_hand:
         notes.append("the program updates its parameters itself (no torch.optim optimizer): each step is a "
                      "backward pass and what follows it, up to the next forward")
