@@ -101,6 +101,7 @@ def test_each_way_python_reads_a_value(tmp_path: Path, form: str) -> None:
     asserts them); the loss's, unknown, are noted with the program's line."""
     script, line = _program(tmp_path, form)
     report = run_program(str(script), steps=2)
+    assert report.program_failed is None, report.program_failed  # (its asserts held)
     assert report.train is not None and report.train.peak_bytes > 0
     taken = [note for note in report.train.assumptions if "taken as 0" in note]
     at = f"{script.name}:{line}"
@@ -135,7 +136,9 @@ def test_the_nanogpt_log_line_through_the_command(tmp_path: Path) -> None:
 
 def _equal(script: Path, argv: list[str] | None = None) -> int:
     real = measure_program(str(script), argv or [], 2)
-    predicted = run_program(str(script), argv or [], steps=2).train
+    report = run_program(str(script), argv or [], steps=2)
+    assert report.program_failed is None, report.program_failed
+    predicted = report.train
     assert predicted is not None
     assert predicted.peak_bytes == real.peak_bytes
     assert list(predicted.iteration_peaks) == [real.phase_peaks["step 1"], real.phase_peaks["step 2"]]
@@ -221,8 +224,9 @@ def test_sparse_data_equals_the_real_run(tmp_path: Path, counting_sparse_parts: 
     without.write_text(script.read_text().replace("coo, csr = data.to_sparse(), data.to_sparse_csr()\n"
                                                   "assert coo._nnz() == csr._nnz() == 154\n", "")
                        .replace("coo.to_dense() if step % 2 == 0 else csr.to_dense()", "data.clone()"))
-    dense = run_program(str(without), steps=2).train
-    assert dense is not None and peak - dense.peak_bytes == 2464 + 616 + 520 + 2464 + 616
+    dense = run_program(str(without), steps=2)
+    assert dense.program_failed is None and dense.train is not None
+    assert peak - dense.train.peak_bytes == 2464 + 616 + 520 + 2464 + 616
 
 
 def test_sparse_made_from_the_models_values_is_bounded(tmp_path: Path) -> None:
@@ -240,10 +244,10 @@ def test_sparse_made_from_the_models_values_is_bounded(tmp_path: Path) -> None:
             pruned = model.weight.detach().to_sparse()
             print(pruned._nnz())
         '''))
-    report = run_program(str(script), steps=2).train
-    assert report is not None
-    assert any("upper bound: to_sparse depends on values; recorded keeping 256 elements" in note
-               for note in report.assumptions), report.assumptions
+    report = run_program(str(script), steps=2)
+    assert report.program_failed is None and report.train is not None
+    assert any("upper bound: to_sparse depends on values; recorded keeping 256 elements, the most it can" in note
+               for note in report.train.assumptions), report.train.assumptions
 
 
 def test_lightning_logging_equals_the_real_run(tmp_path: Path) -> None:

@@ -212,17 +212,27 @@ class StorageBooks:
             on_gpu.update(sid for sid in out_sids if sid not in in_sids and self.storages[sid].created == now)
         return here or any(sid in on_gpu for sid in out_sids)
 
+    def _cdata_of(self, t: torch.Tensor) -> int:
+        """The key of ``t``'s storage in the live tables; a sparse tensor's: its first part's, as
+        tracked (no op asks for its parts here: a fake's ops read its ``device``, which asks
+        ``is_on_gpu`` on a GPU target); 0 (no storage's) for one never tracked."""
+        t = local_tensor(t)
+        if t.layout is torch.strided or not is_sparse(t):
+            return storage_key(t)[0]
+        entry = self._watched.get(id(t))
+        return entry[1][0] if entry is not None and entry[0]() is t else 0
+
     def sid_of(self, t: torch.Tensor) -> int | None:
         """The storage id of live ``t``'s storage (a DTensor's: its local tensor's), None when
         the books never saw it."""
-        rec = self._live.get(_cdata_of(t))
+        rec = self._live.get(self._cdata_of(t))
         return None if rec is None else rec.sid
 
     def is_on_gpu(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is on the GPU (with ``on_gpu``; else every tensor is)."""
         if self.on_gpu is None:
             return True
-        rec = self._live.get(_cdata_of(t))
+        rec = self._live.get(self._cdata_of(t))
         return rec is not None and rec.sid in self.on_gpu
 
     def hold(self, t: torch.Tensor) -> None:
@@ -238,8 +248,8 @@ class StorageBooks:
     def buffer_replaced(self, old: torch.Tensor, new: Any) -> None:
         """The model assigned ``new`` over its buffer ``old`` (``self.x_min = self.x_min + x``):
         a real run frees ``old`` then, unless something else holds it (``release_replaced``)."""
-        cdata = _cdata_of(old)
-        if isinstance(new, torch.Tensor) and _cdata_of(new) == cdata:
+        cdata = self._cdata_of(old)
+        if isinstance(new, torch.Tensor) and self._cdata_of(new) == cdata:
             return  # the same storage (an in-place update, a view of it)
         rec = self._live.get(cdata)
         if rec is not None and Role.BUFFER in rec.roles and rec.released is None:
@@ -287,9 +297,3 @@ class StorageBooks:
                           created=s.created, released=s.released,
                           roles=frozenset(s.roles), label=s.label, shape=s.shape, dtype=s.dtype)
             for s in self.storages)
-
-
-def _cdata_of(t: torch.Tensor) -> int:
-    """The key of ``t``'s storage in the live tables (a sparse tensor's: its first part's)."""
-    t = local_tensor(t)
-    return storage_key(parts(t)[0] if t.layout is not torch.strided and is_sparse(t) else t)[0]

@@ -73,7 +73,7 @@ def with_elements(t: torch.Tensor, nnz: int, source: torch.Tensor) -> torch.Tens
         indices, values = pieces
         return torch.sparse_coo_tensor(torch.empty((indices.shape[0], nnz), dtype=indices.dtype, device=meta),
                                        torch.empty((nnz, *values.shape[1:]), dtype=values.dtype, device=meta),
-                                       t.shape, is_coalesced=True)
+                                       t.shape, is_coalesced=True, check_invariants=False)
     compressed, plain, values = pieces
     batch = tuple(compressed.shape[:-1])
     if batch or (is_sparse(source) and source.layout is not torch.sparse_coo):
@@ -83,4 +83,4 @@ def with_elements(t: torch.Tensor, nnz: int, source: torch.Tensor) -> torch.Tens
     return torch.sparse_compressed_tensor(
         torch.empty(compressed.shape, dtype=compressed.dtype, device=meta), plain_indices,
         torch.empty((*batch, nnz, *values.shape[len(batch) + 1:]), dtype=values.dtype, device=meta),
-        t.shape, layout=t.layout)
+        t.shape, layout=t.layout, check_invariants=False)
