@@ -72,3 +72,58 @@ def test_forked_children_run_autograd_after_a_recorded_step_or_the_calls_stay_he
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "GRAPHMEM_PROCESSES": "2"}, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# a forked call that dies says how: each case in a fresh interpreter, under a time limit (a call
+# whose helper process held the result pipe open waited as long as the helper lived: 30 s here)
+DIES = """
+import ctypes, os, signal, sys, time
+import graphmem.workers as workers
+from graphmem.errors import TraceError
+
+def die(how):
+    if how == "exit1":
+        os._exit(1)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "segv":
+        ctypes.string_at(0)
+    if how == "helper":  # a helper that holds the pipe open for 30 s, then gone without a result
+        if os.fork() == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            time.sleep(30)
+        os._exit(0)
+    return how
+
+how, runner = sys.argv[1], sys.argv[2]
+try:
+    if runner == "fork_once":
+        kind, value, _ = workers.fork_once(lambda: die(how), what="testing")
+        if kind == "raised":
+            raise value
+    elif runner == "fork_each":
+        workers.fork_each(die, [how, "fine"], what="testing")
+    else:
+        workers.fork_map(die, [how, "fine"], what="testing")
+except TraceError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork, and the signals' names, as Linux has them")
+@pytest.mark.parametrize("runner, how, said", [
+    *((runner, how, said) for runner in ("fork_once", "fork_each", "fork_map")
+      for how, said in (("exit1", "exited with status 1"), ("kill", "killed by SIGKILL (out of memory?)"),
+                        ("segv", "killed by SIGSEGV"))),
+    # a pool's worker outlives its calls: a helper holding its pipe changes nothing there
+    ("fork_once", "helper", "exited with status 0"), ("fork_each", "helper", "exited with status 0"),
+])
+def test_a_forked_call_that_dies_says_how(runner: str, how: str, said: str) -> None:
+    done = subprocess.run([sys.executable, "-c", DIES, how, runner], capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "GRAPHMEM_PROCESSES": "2"}, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    worker = "a worker process testing died: " if runner == "fork_map" else "a process testing died without a result: "
+    assert done.stdout.strip() == worker + said + (
+        "; run with GRAPHMEM_PROCESSES=1 to run them one after another" if runner == "fork_map" else ""), done
