@@ -251,8 +251,9 @@ def test_sparse_made_from_the_models_values_is_bounded(tmp_path: Path) -> None:
 
 
 def test_lightning_logging_equals_the_real_run(tmp_path: Path) -> None:
-    """A LightningModule calling ``self.log("train_loss", loss)`` (Lightning keeps each logged value
-    in torchmetrics-style state it deep-copies): runs, and equals the real run to the byte."""
+    """A LightningModule calling ``self.log("train_loss", loss)`` and, validating after each step,
+    ``self.log("val_loss", ...)`` (Lightning keeps each logged value in torchmetrics-style state it
+    deep-copies): runs, and equals the real run to the byte, each step."""
     pytest.importorskip("lightning")  # imported before both: its import-time tensors count in neither
     script = tmp_path / "lightning_log.py"
     script.write_text(textwrap.dedent('''\
@@ -272,14 +273,18 @@ def test_lightning_logging_equals_the_real_run(tmp_path: Path) -> None:
                 self.log("train_loss", loss)
                 return loss
 
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.log("val_loss", F.mse_loss(self.net(x), y))
+
             def configure_optimizers(self):
                 return torch.optim.Adam(self.parameters(), lr=1e-3)
 
         torch.manual_seed(0)
         data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
         trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False)
-        trainer.fit(Regressor(), DataLoader(data, batch_size=8))
+                            enable_progress_bar=False, val_check_interval=1, limit_val_batches=2)
+        trainer.fit(Regressor(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=8))
         '''))
     _equal(script)
 
