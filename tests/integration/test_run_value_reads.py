@@ -79,8 +79,8 @@ FORMS: dict[str, tuple[str, str]] = {
                  "kept = copy.deepcopy(data)\nkept += 1\n"
                  "assert kept.tolist() == [2.5, 3.5] and data.tolist() == [1.5, 2.5]"),
 }
-# the forms whose loss read reads no value: nothing is taken as 0 (isfinite: a run that trains
-# has finite values, as analyze takes them)
+# the forms whose loss read is no value taken as 0: isfinite's (a run that trains has finite
+# values, as analyze takes them; noted with the line that decided on it)
 _NO_READ = frozenset({"isfinite"})
 
 
@@ -107,6 +107,8 @@ def test_each_way_python_reads_a_value(tmp_path: Path, form: str) -> None:
     at = f"{script.name}:{line}"
     if form in _NO_READ:
         assert not taken, taken
+        assert any("for NaN or inf, taken as finite: `if not torch.isfinite(loss).all():` at " in note and at in note
+                   for note in report.train.assumptions), report.train.assumptions
     else:
         assert any(at in note for note in taken), (at, taken)
         assert all(at in note for note in taken), taken  # the data's reads noted nothing

@@ -37,7 +37,7 @@ from graphmem.job.assume import KNOBS, Assumptions
 from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, metas, output_bounds
 from graphmem.trace.values.counts import NonzeroCounts
-from graphmem.trace.values.shadows import Shadows
+from graphmem.trace.values.shadows import FINITE, Shadows
 from graphmem.trace.values.sparse import SPARSE_CONVERSIONS, is_sparse, most_elements, with_elements
 
 __all__ = ["ValueAnswers"]
@@ -137,6 +137,11 @@ class ValueAnswers:
                 self.unseen.setdefault(name, set()).add(_BOUNDED_NAMES.get(op, op))
             return _NOT_MINE
         self.shadows.used |= sources
+        if FINITE in sources and self.where is not None:  # graphmem run: the line that decided on it
+            note = ("the program checked values graphmem does not know for NaN or inf, taken as finite: "
+                    f"{self._read_at()}")
+            if note not in self.notes:
+                self.notes.append(note)
         if not isinstance(real, (torch.Tensor, tuple, list)):
             return real
         fake = tree_map(lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype)

@@ -58,7 +58,9 @@ def test_unknown_values_read_as_zero_and_noted(recorder: Recorder) -> None:
     assert weight.detach().tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     assert bool(torch.isfinite(out))  # a run that trains has finite values
     assert not bool(torch.isnan(out)) and not bool(weight.isinf().any())
-    assert _notes(recorder) == [f"{NOTE}: train.py:7 read as 0.0", f"{NOTE}: train.py:7 read as 0.0 everywhere"]
+    assert _notes(recorder) == [f"{NOTE}: train.py:7 read as 0.0", f"{NOTE}: train.py:7 read as 0.0 everywhere",
+                                "the program checked values graphmem does not know for NaN or inf, taken as finite: "
+                                "train.py:7"]
 
 
 def test_what_torch_refuses_is_refused(recorder: Recorder) -> None:
