@@ -312,3 +312,38 @@ def test_torchmetrics_state_equals_the_real_run(tmp_path: Path) -> None:
             print(f"mean loss {mean_loss.compute():.4f}")
         '''))
     _equal(script)
+
+
+def test_a_batch_fetched_between_micro_steps_reads_its_data(tmp_path: Path) -> None:
+    """nanoGPT's loop: with gradient accumulation the next batch is fetched after a backward pass
+    (the backward phase lasts to the last micro-batch), sliced out of a numpy array at positions
+    drawn as a tensor (``data[i:i + 32]``, ``i`` a 0-dim tensor, read by ``__index__``): the
+    positions are the data's, so each batch is 4 x 32 tokens (it was 4 x 0: ``i + 32``, computed
+    in that phase, was not followed and read as 0), and the peak is the real run's."""
+    script = tmp_path / "accumulate.py"
+    script.write_text(textwrap.dedent('''\
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+        emb, head = torch.nn.Embedding(30, 32), torch.nn.Linear(32, 30)
+        opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3)
+        data = np.arange(4096, dtype=np.uint16) % 30
+
+        def get_batch():
+            ix = torch.randint(4000, (4,))
+            x = torch.stack([torch.from_numpy((data[i:i + 32]).astype(np.int64)) for i in ix])
+            y = torch.stack([torch.from_numpy((data[i + 1:i + 33]).astype(np.int64)) for i in ix])
+            assert x.shape == y.shape == (4, 32), x.shape
+            return x, y
+
+        X, Y = get_batch()
+        for step in range(2):
+            for micro_step in range(2):
+                logits = head(emb(X))
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), Y.view(-1), ignore_index=-1) / 2
+                X, Y = get_batch()
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        '''))
+    _equal(script)

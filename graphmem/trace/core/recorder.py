@@ -26,6 +26,7 @@ from graphmem._torch_api import (
     HigherOrderOperator,
     TorchDispatchMode,
     count_flops,
+    current_autograd_node,
     expr_of,
     hint_of,
     tree_flatten,
@@ -247,7 +248,11 @@ class Recorder(TorchDispatchMode):
             # the forward, and its recompute in backward (activation checkpointing: the same
             # values are read again, and answered as the first time)
             self.answers.follow(func, args, kwargs, out)
-        elif self.phase == Phase.PROGRAM:  # graphmem run: the program's data code, with the program's values
+        elif self.phase == Phase.PROGRAM or (self.phase == Phase.BACKWARD and self.where is not None
+                                             and current_autograd_node() is None):
+            # graphmem run: the program's data code, with the program's values; in the backward
+            # phase, its code outside the autograd engine (with gradient accumulation the phase
+            # lasts to the last micro-batch: nanoGPT fetches the next batch there)
             self.answers.follow(func, args, kwargs, out, model=False)
         return out
 
