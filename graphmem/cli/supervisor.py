@@ -269,14 +269,12 @@ class _Supervisor:
             while self.unwritten:
                 self.unwritten = self.unwritten[os.write(1, self.unwritten):]
         except BrokenPipeError:
-            return code if code >= USAGE else CLOSED_PIPE
+            self.code, self.unwritten = code if code >= USAGE else CLOSED_PIPE, b""
         except OSError as exc:
-            if code >= USAGE:
-                return code
-            self.code = FAILED
-            _write_within(2, f"Error: could not write the result to standard output: {exc.strerror or exc}\n")
-            return FAILED
-        return code
+            self.code, self.unwritten = code if code >= USAGE else FAILED, b""
+            if code < USAGE:
+                _write_within(2, f"Error: could not write the result to standard output: {exc.strerror or exc}\n")
+        return self.code
 
     def how_it_ended(self, status: int) -> str:
         """How the child ended without a result: "its process exited with status 1 before sending

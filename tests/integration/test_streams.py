@@ -48,7 +48,8 @@ def _shell(args: Sequence[str], redirect: str) -> Run:
     done = subprocess.run(["bash", "-c", f"exec {shlex.join([GRAPHMEM, *args])} {redirect}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=180, env={**os.environ, "TMPDIR": temp})
     left = os.listdir(temp)
-    os.rmdir(temp) if not left else None
+    if not left:
+        os.rmdir(temp)
     return Run(done.returncode, done.stdout, done.stderr, left)
 
 
