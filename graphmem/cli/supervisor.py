@@ -544,6 +544,7 @@ def _run_command(argv: Sequence[str], send: Callable[[dict[str, Any]], None]) ->
     from graphmem.cli.group import main as group
 
     process.relay_progress(lambda text: _progress(send, text))
+    process.own_arguments_by(own_arguments)
     try:
         group.main(list(argv), prog_name="graphmem")
     except SystemExit as exc:
