@@ -316,7 +316,6 @@ def fork_once(function: Callable[[], R], *, what: str) -> tuple[str, Any, str] |
             os._exit(code)
     os.close(writable)
     chunks: list[bytes] = []
-    status = None
     try:
         with os.fdopen(readable, "rb") as pipe:
             status = _read_until_gone(pipe.fileno(), pid, chunks)
@@ -326,9 +325,8 @@ def fork_once(function: Callable[[], R], *, what: str) -> tuple[str, Any, str] |
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-    if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or not chunks:
-        how = how_it_ended(status) if status is not None else "how it ended is not known"
-        return ("raised", _died(what, how), "")
+    if not chunks or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:  # it died without a result
+        return ("raised", _died(what, how_it_ended(status)), "")
     result: tuple[str, Any, str] = pickle.loads(b"".join(chunks))
     return result
 
