@@ -240,8 +240,10 @@ def fork_each(function: Callable[[T], R], items: Sequence[T], *, what: str) -> l
             while waiting and len(running) < limit:
                 index = waiting.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
+                # not a daemon: a rank's program may start processes of its own (a multiprocessing
+                # helper), which multiprocessing refuses a daemon; it dies with this process all the same
                 process = context.Process(target=_run_forked, args=(function, items[index], sender, os.getpid()),
-                                          daemon=True)
+                                          daemon=False)
                 process.start()
                 sender.close()
                 running[receiver] = (index, process)

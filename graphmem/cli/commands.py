@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from graphmem._lazy import lazy_exports
+from graphmem.cli.arguments import program_arguments_apart
 from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
 from graphmem.cli.group import main
 from graphmem.cli.options import GraphmemCommand, ParsedType, job_from, job_options, output_options
@@ -233,7 +234,14 @@ def _budget_options(command: Any) -> Any:
                              "Default: all of --gpu's memory.")(command)
 
 
-@main.command("run", cls=GraphmemCommand,
+class _RunCommand(GraphmemCommand):
+    """``graphmem run``: the module's arguments after ``-m MODULE`` are the module's, as with python."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, program_arguments_apart(args))
+
+
+@main.command("run", cls=_RunCommand,
               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", default=None,
               help="Run a module as `python -m MODULE ARGS` does (PROGRAM is then its first argument).")

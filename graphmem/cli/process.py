@@ -36,9 +36,10 @@ from typing import Any, NoReturn
 import click
 
 from graphmem import interrupts, progress
+from graphmem.cli.arguments import own_arguments
 from graphmem.cli.exit_codes import CLOSED_PIPE, INTERRUPTED, CommandError, CommandExit, as_command_error
 
-__all__ = ["GraphmemGroup", "own_arguments_by", "print_result", "raise_if_interrupted", "relay_progress",
+__all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "relay_progress",
            "set_progress", "user_output_to_stderr"]
 
 PROGRESS_AFTER_S = 2.0  # work shorter than this shows no progress
@@ -55,20 +56,12 @@ class _Run:
     wrote_stdout = False  # the result started going to stdout: no error document may follow
     progress: bool | None = None  # --progress / --no-progress; None: on a terminal only
     relay: Callable[[str], None] | None = None  # also hands every progress line on (the supervisor)
-    own: Callable[[Sequence[str]], list[str]] = list  # graphmem's own part of a command line (the supervisor)
 
 
 def relay_progress(relay: Callable[[str], None]) -> None:
     """Hand every progress line to ``relay`` too, shown or not (graphmem.cli.supervisor: a
     --timeout names the stage the command had reached)."""
     _Run.relay = relay
-
-
-def own_arguments_by(own: Callable[[Sequence[str]], list[str]]) -> None:
-    """Take graphmem's own part of a command line from ``own`` (graphmem.cli.supervisor's
-    ``own_arguments``: ``graphmem run``'s program's options are the program's), where --format
-    is read before click parses it.  Without it, the whole command line."""
-    _Run.own = own
 
 
 def set_progress(ctx: Any, param: Any, value: bool | None) -> None:
@@ -176,8 +169,8 @@ def _asks_for_json(argv: Sequence[str]) -> bool:
     """Whether the command line asks for ``--format json`` (read before parsing, so that a
     usage error is reported as JSON too); the last --format wins, as click's does.  Only
     graphmem's own options count (``graphmem run``'s program's ``--format json`` is its own:
-    ``own_arguments_by``)."""
-    fmt, own = None, _Run.own(argv)
+    graphmem.cli.arguments)."""
+    fmt, own = None, own_arguments(argv)
     for i, arg in enumerate(own):
         if arg == "--format" and i + 1 < len(own):
             fmt = own[i + 1]

@@ -48,42 +48,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from graphmem.cli.arguments import own_arguments
 from graphmem.units import parse_duration
 from graphmem.workers import die_with_parent, how_it_ended
 
-__all__ = ["RUN_FLAGS", "main", "own_arguments"]
+__all__ = ["main"]
 
 # graphmem.cli.exit_codes' USAGE, FAILED and CLOSED_PIPE (that module imports click); 128 + signal
 USAGE, FAILED, CLOSED_PIPE, INTERRUPTED_BASE = 2, 3, 141, 128
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _END_S = 2.0  # the longest the end waits for the processes below this one to be gone
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-
-# ``graphmem run``'s options that take no value; every other option of run takes one
-# (tests/unit/cli/test_supervisor_arguments.py keeps this equal to the click command's flags)
-RUN_FLAGS = frozenset({"--allow-network", "--debug", "--progress", "--no-progress", "-h", "--help"})
-
-
-def own_arguments(argv: Sequence[str]) -> list[str]:
-    """The part of the command line that is graphmem's own: all of it, but for ``run``, whose
-    options end at the program, as python's do: at the script (the first argument that is
-    neither an option nor an option's value), after ``-m MODULE``, or at ``--``.  What follows
-    is the program's argv (its ``--timeout`` or ``--format json`` are not graphmem's)."""
-    if not argv or argv[0] != "run":
-        return list(argv)
-    at = 1
-    while at < len(argv):
-        token = argv[at]
-        if token == "--" or not token.startswith("-") or token == "-":
-            break
-        long = token.startswith("--")
-        name = token.partition("=")[0] if long else token[:2]
-        attached = "=" in token if long else len(token) > 2  # --opt=value, -mMODULE, -oFILE
-        at += 1 if name in RUN_FLAGS or attached else 2
-        if name == "-m":
-            break
-    return list(argv[:min(at, len(argv))])
-
 
 def _option(argv: Sequence[str], name: str) -> str | None:
     """The value of ``--name V`` / ``--name=V`` in argv (the last wins, as click's does)."""
@@ -544,7 +519,6 @@ def _run_command(argv: Sequence[str], send: Callable[[dict[str, Any]], None]) ->
     from graphmem.cli.group import main as group
 
     process.relay_progress(lambda text: _progress(send, text))
-    process.own_arguments_by(own_arguments)
     try:
         group.main(list(argv), prog_name="graphmem")
     except SystemExit as exc:

@@ -443,8 +443,6 @@ def test_options_after_the_script_are_the_programs(program: Path) -> None:
         _clean(run)
 
 
-@pytest.mark.xfail(strict=True, reason="graphmem/cli/commands.py: click's run command goes on reading graphmem's "
-                   "options after -m MODULE, where python -m (and docs/run.md) gives them to the module")
 def test_options_after_dash_m_module_are_the_modules(program: Path) -> None:
     (program / "progmod.py").write_text((program / "prog.py").read_text())
     run = _run(["run", "-m", "progmod", "--steps", "1", "--format", "json"], program, command=INSTALLED, timeout=90)

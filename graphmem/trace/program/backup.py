@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from graphmem import interrupts
 from graphmem.errors import TraceError
+from graphmem.workers import die_with_parent, how_it_ended
 
 __all__ = ["Backup", "capturing_output"]
 
@@ -74,7 +75,6 @@ class Backup:
         os.close(control_write)
         os.close(results_read)
         self.in_backup, self._control, self._results = True, control_read, results_write
-        from graphmem.workers import die_with_parent
         die_with_parent(parent)
         word = _read_all(control_read, 1)
         if word != _GO:  # told to stop, or this process's parent is gone
@@ -123,7 +123,7 @@ class Backup:
                     os.waitpid(pid, 0)
         if not chunks:
             raise TraceError(f"the program's process, recording its whole model, ended without a result "
-                             f"({_how_it_ended(status)})")
+                             f"({how_it_ended(status)})")
         message: tuple[str, Any] = pickle.loads(b"".join(chunks))
         return message
 
@@ -152,17 +152,6 @@ def _read_all(fd: int, size: int) -> bytes:
             continue
 
 
-def _how_it_ended(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        return f"killed by {name}" + (" (out of memory?)" if number == signal.SIGKILL else "")
-    return f"exited with status {os.WEXITSTATUS(status)}"
-
-
 @contextlib.contextmanager
 def capturing_output(files: tuple[IO[bytes], IO[bytes]] | None = None) -> Iterator[Callable[[bool], None]]:
     """Inside, what this process writes to its file descriptors 1 and 2 (the program's prints,
@@ -172,7 +161,15 @@ def capturing_output(files: tuple[IO[bytes], IO[bytes]] | None = None) -> Iterat
     keep = [True]
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    saved: dict[int, int] = {}
+    try:
+        for fd in (1, 2):
+            saved[fd] = os.dup(fd)
+    except OSError:  # the program closed them: nothing it writes there can be held (nor shown)
+        for original in saved.values():
+            os.close(original)
+        yield lambda kept: None
+        return
     held = dict(zip((1, 2), files or (tempfile.TemporaryFile(), tempfile.TemporaryFile()), strict=True))
     for fd, file in held.items():
         os.dup2(file.fileno(), fd)

@@ -242,7 +242,7 @@ def _step_with_closure(replica: torch.optim.Optimizer, before: int) -> int:
     calls = [before]
     params = [p for group in replica.param_groups for p in group["params"]]
 
-    def closure() -> torch.Tensor:
+    def closure() -> Any:  # a loss tensor (typed as a float in torch's stubs)
         calls[0] += 1
         for p in params:
             p.grad = torch.full_like(p, 1.0 / calls[0])

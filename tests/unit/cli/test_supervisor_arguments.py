@@ -1,4 +1,4 @@
-"""Which part of the command line is graphmem's (graphmem.cli.supervisor.own_arguments): all of
+"""Which part of the command line is graphmem's (graphmem.cli.arguments.own_arguments): all of
 it, but for ``graphmem run``, whose options end at the program as python's do.  The supervisor
 reads --format and --timeout from that part alone, and it imports no click, so it keeps its own
 table of run's flags: the first test keeps that table equal to the click command's."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from graphmem.cli.supervisor import RUN_FLAGS, own_arguments
+from graphmem.cli.arguments import RUN_FLAGS, own_arguments
 
 
 def test_the_supervisors_table_of_run_flags_is_the_click_commands() -> None:
