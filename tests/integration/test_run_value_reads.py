@@ -69,6 +69,8 @@ FORMS: dict[str, tuple[str, str]] = {
     "if": ("if loss > 0.5:\n    print('high loss')", "if data[0] > 2:\n    raise AssertionError('data[0] is 1.5')"),
     "while": ("n = 0\nwhile loss > n and n < 3:\n    n += 1", "n = 0\nwhile data[1] > n:\n    n += 1\nassert n == 3"),
     "max": ("print(max(loss, torch.tensor(0.1)))", "assert float(max(data[0], data[1])) == 2.5"),
+    "equal": ("print(torch.equal(loss, loss.detach().clone()), torch.allclose(out, out))",
+              "assert torch.equal(data, torch.tensor([1.5, 2.5])) and not torch.equal(data, data + 1)"),
     "sorted": ("print(sorted([loss, loss * 2]))",
                "assert [float(v) for v in sorted([data[1], data[0]])] == [1.5, 2.5]"),
     "isfinite": ("if not torch.isfinite(loss).all():\n    raise SystemExit('loss is not finite')",

@@ -184,8 +184,17 @@ class ValueAnswers:
 
     def _declared_read(self, func: Any, args: Any, kwargs: Any, error: Exception, module: str) -> Any:
         """A number read from values no shadow knows, as declared with ``--assume reads=N``: N in
-        the tensor's kind (a condition: true unless N is 0)."""
+        the tensor's kind (a condition: true unless N is 0).  Any other op that answers with a
+        number or a condition (``torch.equal``, ``torch.allclose``) runs on the known values and
+        N everywhere for the unknown (``values_of``)."""
         n = self.read_value
+        if n is not None and func != ops.READ and _answers_a_number(func):
+            swap = {id(t): self.values_of(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            if all(value is not None for value in swap.values()):
+                real_args, real_kwargs = tree_map(lambda a: swap.get(id(a), a) if isinstance(a, torch.Tensor) else a,
+                                                  (tuple(args), dict(kwargs)))
+                with outside_modes():
+                    return func(*real_args, **real_kwargs)
         if func != ops.READ or n is None:
             return _NOT_MINE
         value = _in_kind(n, args[0])
@@ -314,6 +323,12 @@ class ValueAnswers:
         return [f"a value the model computes and reads was taken as declared with --assume reads={self.read_value}: "
                 f"{what}{f' (in {len(modules)} modules)' if len(modules) > 1 else ''}; the peak holds for that value"
                 for what, modules in self.declared.items()]
+
+
+def _answers_a_number(func: Any) -> bool:
+    """Whether op ``func`` returns numbers or conditions only, no tensor (``aten.equal``)."""
+    returns: Any = getattr(getattr(func, "_schema", None), "returns", None) or ()
+    return bool(returns) and all(str(r.type) in ("bool", "int", "float", "Scalar") for r in returns)
 
 
 def _in_kind(n: int, t: torch.Tensor) -> Any:
