@@ -49,8 +49,8 @@ def errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
         if not any(words in str(exc) for words in _DATA_ACCESS):
             raise _failed(recorder, model, exc) from exc
         raise UnsupportedError(f"{_where(recorder, model)} reads tensor memory directly ({str(exc).strip()}): "
-                               ".numpy(), .tolist(), data_ptr() or a sparse layout, which fake tensors do not "
-                               "have; graphmem cannot record it. Keep such code out of forward") from exc
+                               "data_ptr() or a storage's bytes, which fake tensors do not have; graphmem cannot "
+                               "record it. Keep such code out of forward") from exc
     except Exception as exc:  # broad: the model is user code and may raise anything; reported as its failure
         raise _failed(recorder, model, exc) from exc
 

@@ -21,13 +21,6 @@ class ReadsMemory(nn.Module):
         x.detach().numpy()
         return self.fc(x)
 
-class Sparse(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-    def forward(self, x):
-        return self.fc(x.to_sparse().to_dense())
-
 class Deep(nn.Module):
     def __init__(self, depth=300):
         super().__init__()
@@ -37,7 +30,7 @@ class Deep(nn.Module):
 """
 
 
-@pytest.mark.parametrize("name", ["ReadsMemory", "Sparse"])
+@pytest.mark.parametrize("name", ["ReadsMemory"])
 def test_reading_tensor_memory_is_graphmems_limit_exit_3(make_module: Callable[[str], str], name: str) -> None:
     module = make_module(SOURCE)
     result = CliRunner().invoke(main, ["check", f"{module}:{name}", "--input", "2x4", "--budget", "1GiB"])
