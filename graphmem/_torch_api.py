@@ -39,6 +39,10 @@ else:
         return shape_env(*args, **kwargs)
 
 __all__ = [
+    "accelerator_hooks",
+    "dtensor_sharding_fakes_on",
+    "fakes_shown_on",
+    "per_device_caches_cleared",
     "data_loading_in_process",
     "fakes_show_device",
     "dispatch_modes_pushed",
@@ -516,3 +520,81 @@ def fake_like(like: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     (the CPU, or meta), whatever ``like.device`` shows the program (``fakes_show_device``)."""
     assert isinstance(like, FakeTensor), f"fake_like: {type(like).__name__} is no fake tensor"
     return to_fake(like.fake_mode, meta, like.fake_device)
+
+
+def accelerator_hooks(answers: dict[str, Callable[..., Any]]) -> list[tuple[Any, str, Any]]:
+    """``(torch._C, name, answer)`` for each of torch's C accelerator hooks named in ``answers``
+    (``_get_accelerator``, ``_accelerator_getDeviceIndex``, ...) that this torch has: what
+    graphmem.patching.patched takes, so torch's own Python code (torch.accelerator, FSDP2's
+    default mesh, ``dist.barrier``) asks them of a fake GPU."""
+    return [(torch._C, name, answer) for name, answer in answers.items() if hasattr(torch._C, name)]
+
+
+@contextlib.contextmanager
+def per_device_caches_cleared() -> Iterator[None]:
+    """torch's caches of per-device answers emptied on entry and on exit: DDP's side streams, one
+    per device index (``torch.nn.parallel._functions._streams``, sized by the device count it
+    first saw), and ``torch.get_device_module()``'s module for the current accelerator."""
+    from torch.nn.parallel import _functions
+
+    def clear() -> None:
+        _functions._streams = None
+        torch.get_device_module.cache_clear()
+
+    clear()
+    try:
+        yield
+    finally:
+        clear()
+
+
+@contextlib.contextmanager
+def fakes_shown_on(where: Callable[[torch.Tensor], torch.device | None]) -> Iterator[None]:
+    """A fake tensor says it is on ``where(t)`` to Python code (``.device``, ``.is_cuda``), so
+    ``torch.zeros(n, device=x.device)`` asks for that device; inside torch's kernels and where
+    ``where`` says None, it is on its own fake device as before (``fakes_show_device``, with
+    the device chosen per tensor and per moment: a rank's GPU index)."""
+    original = FakeTensor.__dict__["device"]
+
+    def device_of(self: FakeTensor) -> torch.device:
+        own: torch.device = original.fget(self)
+        shown = where(self) if own.type != "meta" else None
+        return own if shown is None else shown
+
+    FakeTensor.device = property(device_of, original.fset)  # type: ignore[method-assign,assignment]
+    FakeTensor.is_cuda = property(lambda self: device_of(self).type == "cuda")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        FakeTensor.device = original  # type: ignore[method-assign]
+        del FakeTensor.is_cuda
+
+
+@contextlib.contextmanager
+def dtensor_sharding_fakes_on(device: torch.device) -> Iterator[None]:
+    """DTensor's sharding propagation runs an op on fake tensors it makes from the arguments'
+    specs, on the mesh's device type (``_op_schema._rebuild_tensor_from_dtensor_meta``), to learn
+    the output's shape, strides and dtype; inside, they are made on ``device`` instead: on a
+    CPU-only torch a fake CUDA tensor cannot take some ops (``copy_``, the ``uniform_`` that
+    initialises a sharded parameter: "PyTorch is not linked with support for cuda devices")."""
+    try:
+        from torch.distributed.tensor import _op_schema
+    except ImportError:  # a torch without DTensor has nothing to propagate
+        yield
+        return
+    original = getattr(_op_schema, "_rebuild_tensor_from_dtensor_meta", None)
+    if original is None:
+        yield
+        return
+
+    def rebuilt(arg: Any) -> Any:
+        if arg.tensor_meta is None:
+            return original(arg)  # torch's own error
+        meta = arg.tensor_meta
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=device)
+
+    _op_schema._rebuild_tensor_from_dtensor_meta = rebuilt
+    try:
+        yield
+    finally:
+        _op_schema._rebuild_tensor_from_dtensor_meta = original

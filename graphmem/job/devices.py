@@ -23,7 +23,6 @@ these calls.  What is analysed does not change: the device whose memory is predi
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from graphmem.job.fake_gpu import FakeGpu, IdleEvent, IdleStream, answering
 from graphmem.patching import patched
 
 __all__ = ["IdleEvent", "IdleStream", "cuda_calls_on_cpu"]
@@ -67,102 +67,6 @@ class _CudaDevicesHere(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class IdleStream:
-    """A CUDA stream that orders nothing (the recording runs every op in program order), waits
-    for nothing and captures no CUDA graph: what graphmem's CUDA answers give as a stream."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.device = torch.device("cuda", 0)
-
-    def __enter__(self) -> IdleStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def wait_stream(self, *args: Any) -> None:
-        return None
-
-    def wait_event(self, *args: Any) -> None:
-        return None
-
-    def record_event(self, event: Any = None) -> IdleEvent:
-        return event if isinstance(event, IdleEvent) else IdleEvent()
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:  # no CUDA graph is captured
-        return False
-
-
-class IdleEvent:
-    """A CUDA event: recorded, waited on, always complete, no time elapsed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def record(self, *args: Any) -> None:
-        return None
-
-    def wait(self, *args: Any) -> None:
-        return None
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
-
-
-def _answers(target: str) -> dict[tuple[Any, str], Callable[..., Any]]:
-    """(owner, attribute) -> the function that replaces it while the user's code runs (each
-    its own function object: torch._dynamo keys a table by them).  ``torch.accelerator``
-    answers the same: in a CUDA build of torch (on a machine with no GPU, or whatever GPU it
-    has) its functions would ask the driver; torch's optimizers ask it whether a CUDA graph is
-    being captured when CUDA is available."""
-    on_cuda = target == "cuda"
-    answers: dict[tuple[Any, str], Callable[..., Any]] = {
-        (torch.cuda, "is_available"): lambda: on_cuda,
-        (torch.cuda, "device_count"): lambda: 1 if on_cuda else 0,
-        (torch.cuda, "current_device"): lambda: 0,
-        (torch.cuda, "set_device"): lambda device: None,
-        (torch.cuda, "synchronize"): lambda device=None: None,
-        (torch.cuda, "empty_cache"): lambda: None,
-        (torch.cuda, "current_stream"): lambda device=None: IdleStream(),
-        (torch.cuda, "default_stream"): lambda device=None: IdleStream(),
-        (torch.cuda, "is_current_stream_capturing"): lambda: False,
-        # module.cuda() would visit every tensor only to leave it where it is
-        (nn.Module, "cuda"): lambda self, device=None: self,
-    }
-    accelerator: dict[str, Callable[..., Any]] = {
-        "is_available": lambda: on_cuda, "device_count": lambda: 1 if on_cuda else 0,
-        "current_accelerator": lambda check_available=False: torch.device("cuda") if on_cuda else None,
-        "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
-        "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
-        "synchronize": lambda device=None: None, "current_stream": lambda device=None: IdleStream(),
-    }
-    answers.update({(torch.accelerator, name): value for name, value in accelerator.items()
-                    if hasattr(torch.accelerator, name)})
-    return answers
-
-
-def _import_dynamo_first() -> None:
-    """torch._dynamo, when first imported, builds a table of torch functions found by name
-    (torch.cuda.is_available among them; trace_rules.get_torch_obj_rule_map): imported while
-    they are patched, it would keep the replacements.  The user's code imports it lazily (a
-    meta tensor's ``normal_`` runs torch._refs, which does), so import it before patching;
-    every analysis imports it anyway."""
-    with contextlib.suppress(ImportError):
-        importlib.import_module("torch._dynamo")
-
-
 def _method_answers(here: torch.device) -> dict[tuple[Any, str], Callable[..., Any]]:
     """``tensor.cuda()`` and ``tensor.to(<cuda>)`` as methods, for the recorded step, where a
     TorchFunctionMode must not be active: torch.overrides.has_torch_function() is then true
@@ -194,11 +98,15 @@ def cuda_calls_on_cpu(target: str, *, tensors_on: str = "cpu", functions: bool =
             _method_answers; there the recorder moves factory ops' ``device="cuda"`` to the
             fake tensors' device, at the dispatcher).
 
-    The patches are undone on exit, also on an exception; nested uses restore in order.
+    The answers are the one fake GPU's core (graphmem.job.fake_gpu: one device or none, device
+    0 current whatever the code selects).  The patches are undone on exit, also on an
+    exception; nested uses restore in order.
     """
-    _import_dynamo_first()
     here = torch.device(tensors_on)
-    answers = _answers(target) if functions else {**_answers(target), **_method_answers(here)}
-    with patched(*((owner, name, replacement) for (owner, name), replacement in answers.items())), \
+    methods = {} if functions else _method_answers(here)
+    # module.cuda() would visit every tensor only to leave it where it is
+    own = {(nn.Module, "cuda"): lambda self, device=None: self, **methods}
+    with answering(FakeGpu(available=target == "cuda", checked=False), whole=False), \
+            patched(*((owner, name, replacement) for (owner, name), replacement in own.items())), \
             _CudaDevicesHere(here) if functions else contextlib.nullcontext():
         yield

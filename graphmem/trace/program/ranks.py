@@ -20,8 +20,9 @@ import torch
 
 from graphmem._torch_api import fake_process_group_store, process_group_sizes, unset_fake_temporarily
 from graphmem.errors import UnsupportedError
+from graphmem.job.fake_gpu import gpus_on_the_node
 from graphmem.job.program import Program
-from graphmem.patching import environment, patched
+from graphmem.patching import environment, patched, replaced_everywhere
 from graphmem.trace.distributed import ddp_on_fakes, following_resizes
 
 __all__ = ["as_rank"]
@@ -44,7 +45,8 @@ def _meshes_made_for_real(quiet: Callable[[], AbstractContextManager[Any]],
         held(mesh.mesh)
         return mesh
 
-    with patched((device_mesh, "init_device_mesh", init_device_mesh)):
+    # every name it is bound to: FSDP2's default mesh calls the one torch.distributed.tensor imported
+    with replaced_everywhere({original: init_device_mesh}, ("init_device_mesh",)):
         yield
 
 
@@ -130,11 +132,12 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
     def init_process_group(*args: Any, **kwargs: Any) -> None:  # the program's backend and rendezvous: ours
         start("fake", store=fake_process_group_store(), rank=rank, world_size=world)
 
-    counts = [(torch.cuda, "device_count", lambda: program.nproc_per_node)] if gpu else []
-    with environment(program.rank_environment(rank)), ddp_on_fakes(world), following_resizes(resized), \
+    # the fake GPU's node (graphmem.job.fake_gpu): torch.cuda's, torch.accelerator's and torch's C hooks' count
+    node = gpus_on_the_node(program.nproc_per_node) if gpu else contextlib.nullcontext()
+    with environment(program.rank_environment(rank)), node, ddp_on_fakes(world), following_resizes(resized), \
             _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), _requests_holding_tensors(), \
             patched((dist, "init_process_group", init_process_group),
-                    (dist.distributed_c10d, "init_process_group", init_process_group), *counts):
+                    (dist.distributed_c10d, "init_process_group", init_process_group)):
         try:
             yield
         finally:
