@@ -148,10 +148,10 @@ def _host_stats() -> dict[str, int]:
     return collections.OrderedDict((key, 0) for key in [*keys, "num_host_alloc", "num_host_free"])
 
 
-def _generator() -> dict[str, Callable[..., Any]]:
+def _generator(gpu: FakeGpu) -> dict[str, Callable[..., Any]]:
     """torch.cuda's generator (torch.cuda.random): its state is CUDA's 16 bytes on the host
-    (activation checkpointing saves and restores it), it started at 0, and setting or seeding
-    it does nothing."""
+    (activation checkpointing saves and restores it), one per device of the node for the
+    ``_all`` functions; it started at 0, and setting or seeding it does nothing."""
     import torch.cuda.random as generator
 
     def state(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -160,7 +160,7 @@ def _generator() -> dict[str, Callable[..., Any]]:
     answers: dict[str, Callable[..., Any]] = {}
     for name in generator.__all__:
         if name.startswith("get_"):
-            answers[name] = (lambda *a, **k: [state()]) if name.endswith("_all") else state
+            answers[name] = (lambda *a, **k: [state() for _ in range(gpu.count)]) if name.endswith("_all") else state
         elif name.startswith("initial_"):
             answers[name] = lambda *a, **k: 0
         else:
@@ -185,6 +185,8 @@ def _properties(gpu: FakeGpu) -> dict[str, Callable[..., Any]]:
     return {
         "get_device_name": checked(lambda: props.name), "get_device_capability": checked(lambda: capability),
         "get_device_properties": checked(lambda: props), "get_arch_list": lambda: list(archs),
+        "get_gencode_flags": lambda: " ".join(f"-gencode compute=compute_{arch[3:]},code=sm_{arch[3:]}"
+                                              for arch in archs),
         # torch: native bf16 from sm80; below it, emulated, which including_emulation accepts
         "is_bf16_supported": lambda including_emulation=True: props.major >= 8 or including_emulation,
         "is_tf32_supported": lambda: props.major >= 8,
@@ -268,7 +270,7 @@ def cuda_answers(gpu: FakeGpu, *, whole: bool = True) -> dict[str, Any]:
     ``torch.cuda.__all__`` (graphmem run), else ``CORE_CUDA`` (analyze)."""
     if not whole:
         return _core(gpu)
-    answers: dict[str, Any] = {**_core(gpu), **_streams(gpu), **_properties(gpu), **_counters(gpu), **_generator()}
+    answers: dict[str, Any] = {**_core(gpu), **_streams(gpu), **_properties(gpu), **_counters(gpu), **_generator(gpu)}
     answers.update((name, refused("torch.cuda", name, why)) for name, why in REFUSED.items())
     return answers
 
