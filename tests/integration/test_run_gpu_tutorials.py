@@ -118,8 +118,6 @@ model = DDP(nn.Linear(4, 4).to(local), device_ids=[0, 1])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="graphmem/trace/program/run.py's _failure hides torch's frames: the message "
-                                       "names the program's line and the cause, not torch's raising line")
 def test_an_error_raised_inside_torch_names_torchs_line(tmp_path: Path) -> None:
     """DDP refuses two device ids for one process, in torch's Python code: the message names the
     cause and torch's line that raised it, as it names a library's."""

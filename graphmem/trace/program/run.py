@@ -462,14 +462,27 @@ def _trace(recorder: Recorder, books: Books, notes: tuple[str, ...]) -> Trace:
                  optimizer=books.optimizers[0] if books.optimizers else None, assumptions=notes)
 
 
+def _raising_frame(frames: traceback.StackSummary) -> traceback.FrameSummary | None:
+    """The frame that raised, when it is an installed library's or torch's (not graphmem's, not
+    Python's own): the line a user looks at after their own."""
+    if not frames:
+        return None
+    last = frames[-1]
+    kind = frame_kind(last.filename)
+    if kind == "library" or (kind == "torch" and "/torch/" in last.filename and "/graphmem/" not in last.filename):
+        return last
+    return None
+
+
 def _failure(program: Program, exc: BaseException, steps: int) -> str:
     """The program's error, its traceback cut to the program's own frames (not torch's, not
-    graphmem's, not runpy's, not an installed library's), then, where a library raised it, the
-    library's line that did."""
+    graphmem's, not runpy's, not an installed library's), then, where a library or torch
+    raised it, the line that did."""
     frames = traceback.extract_tb(exc.__traceback__)
     shown = [f for f in frames if frame_kind(f.filename) == "program"][-5:]
-    if frames and frame_kind(frames[-1].filename) == "library" and (not shown or shown[-1] is not frames[-1]):
-        shown.append(frames[-1])
+    raised = _raising_frame(frames)
+    if raised is not None and (not shown or shown[-1] is not raised):
+        shown.append(raised)
     where = "".join(f"\n  {f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in shown)
     after = f" after {steps} optimizer step{'s' * (steps != 1)}"
     return f"{program.command} raised {type(exc).__name__}: {str(exc).strip()}{after}{where}"
