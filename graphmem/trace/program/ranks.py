@@ -136,8 +136,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
     node = gpus_on_the_node(program.nproc_per_node) if gpu else contextlib.nullcontext()
     with environment(program.rank_environment(rank)), node, ddp_on_fakes(world), following_resizes(resized), \
             _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), _requests_holding_tensors(), \
-            patched((dist, "init_process_group", init_process_group),
-                    (dist.distributed_c10d, "init_process_group", init_process_group)):
+            replaced_everywhere({start: init_process_group}, ("init_process_group",)):  # DeviceMesh's own name too
         try:
             yield
         finally:
