@@ -13,7 +13,9 @@ a GPU runs unchanged:
 - ``torch.cuda.is_available()`` answers whether the analysed device is ``cuda``, and
   ``device_count()`` agrees (1 or 0); ``current_device()`` is 0; ``set_device``,
   ``synchronize`` and ``empty_cache`` do nothing; the current stream captures no CUDA graph;
-  ``torch.accelerator`` answers the same.
+  ``torch.accelerator`` answers the same.  These are the one fake GPU's core answers
+  (graphmem.job.fake_gpu, which graphmem run's GPU answers whole): analyze is told no GPU
+  preset here, so it answers no properties or memory counters.
 
 Without it a CPU-only torch raises "Torch not compiled with CUDA enabled" at the first of
 these calls.  What is analysed does not change: the device whose memory is predicted is the

@@ -9,15 +9,20 @@ unchanged on a CPU-only torch, and the recorder knows which storages are the GPU
   torch.device("cuda")``), moved to it (``.to("cuda")``, ``.cuda()``, ``module.to(device)``)
   or computed from such tensors is the GPU's; anything else (the data the program loads, a
   ``.cpu()`` copy) is the host's and weighs nothing in the GPU's memory (the recorder's
-  ``on_gpu``).  The program's code sees its GPU tensors on ``cuda:0`` (``.device``,
-  ``.is_cuda``), so ``torch.arange(n, device=x.device)`` is made on the GPU as on a real one;
-  torch's kernels see the CPU fakes they run on.
-- **What ``torch.cuda`` answers**: available, one device, the GPU's name, capability,
+  ``on_gpu``).  The program's code sees its GPU tensors on its own device, ``cuda:<i>``
+  (``.device``, ``.is_cuda``, ``.get_device()``: the index it selected or named last), so
+  ``torch.arange(n, device=x.device)`` is made on the GPU as on a real one; torch's kernels see
+  the CPU fakes they run on.  An int device is the GPU's index (``.to(local_rank)``,
+  ``model.to(local_rank)``, ``device=local_rank``), as torch reads it on a GPU machine.
+- **Every device question** (``torch.cuda``, ``torch.accelerator``, torch's C accelerator
+  hooks, ``torch.Stream``, ``torch.device(1)``) answers from one ``FakeGpu``
+  (graphmem.job.fake_gpu): the node's GPUs (``nproc_per_node`` under torchrun, else 1: set by
+  graphmem.trace.program.ranks), the one the rank selected, the GPU's name, capability,
   properties and memory; ``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
   ``max_memory_reserved`` and ``memory_stats`` from the caching allocator model over the run
   up to that call (so a program that logs its memory prints graphmem's prediction);
   ``reset_peak_memory_stats`` starts the peaks again; streams, events and ``synchronize``
-  are accepted and do nothing; ``torch.accelerator`` answers the same.
+  are accepted and do nothing; what graphmem does not model raises its UnsupportedError.
 - **CUDA's kernels**: ``torch.autocast("cuda")`` (and ``torch.cuda.amp.autocast``) is CUDA's
   autocast on the fakes (graphmem.trace.cuda_target.autocast); attention and dropout take
   CUDA's kernels (graphmem.trace.cuda_target.kernels); optimizers default to their foreach

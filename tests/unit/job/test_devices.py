@@ -173,3 +173,18 @@ def test_torch_accelerator_answers_without_asking_a_driver(target: str) -> None:
         param = nn.Parameter(torch.ones(2))
         param.grad = torch.ones(2)
         torch.optim.Adam([param]).step()  # the health check runs inside
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_analyzes_answers_are_the_one_fake_gpus_core(target: str) -> None:
+    """analyze answers from graphmem.job.fake_gpu's state, as graphmem run does: torch.cuda and
+    torch.accelerator agree; whatever the code selects, device 0 is current (one device)."""
+    from graphmem.job.fake_gpu import active_gpu
+
+    with cuda_calls_on_cpu(target):
+        gpu = active_gpu()
+        assert gpu is not None and gpu.available is (target == "cuda")
+        assert torch.cuda.device_count() == torch.accelerator.device_count() == int(target == "cuda")
+        torch.cuda.set_device(1)
+        assert torch.cuda.current_device() == torch.accelerator.current_device_index() == 0
+    assert active_gpu() is None
