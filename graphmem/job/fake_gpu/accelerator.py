@@ -56,7 +56,7 @@ def accelerator_answers(gpu: FakeGpu, cuda: dict[str, Any], *, whole: bool = Tru
     if not whole:
         return core
     return {
-        **core, "device_index": lambda device: OnDevice(gpu, device), "set_stream": _set_stream(gpu),
+        **core, "device_index": OnDevice, "set_stream": _set_stream(gpu),
         "empty_cache": lambda: None, "empty_host_cache": lambda: None,
         "get_device_capability": lambda device=None: {"supported_dtypes": set(_SUPPORTED)},
         "get_memory_info": cuda["mem_get_info"],

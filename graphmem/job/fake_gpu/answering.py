@@ -43,7 +43,7 @@ def _patches(gpu: FakeGpu, whole: bool) -> list[tuple[Any, str, Any]]:
                *((torch.accelerator, name, value) for name, value in accelerator.items()
                  if hasattr(torch.accelerator, name))]
     if whole:
-        patches += [*cuda_modules(gpu), *accelerator_hooks(hook_answers(gpu, cuda)),
+        patches += [*cuda_modules(), *accelerator_hooks(hook_answers(gpu, cuda)),
                     (torch, "Stream", IdleStream), (torch, "Event", IdleEvent)]
     return patches
 

@@ -12,14 +12,15 @@ tests/unit/trace/program/test_gpu_answers.py walks ``torch.cuda.__all__`` agains
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from graphmem.errors import UnsupportedError
-from graphmem.job.fake_gpu.state import FakeGpu, GpuMemory, IdleEvent, IdleStream
+from graphmem.job.fake_gpu.state import FakeGpu, GpuMemory, IdleEvent, IdleStream, active_gpu
 
 __all__ = ["ANSWERED", "CORE_CUDA", "KEPT", "REFUSED", "OnDevice", "cuda_answers", "cuda_modules", "refused"]
 
@@ -73,12 +74,19 @@ def refused(owner: str, name: str, why: str) -> type:
     return type(name, (), {"__new__": refuse, "__doc__": f"{owner}.{name}, refused under graphmem run"})
 
 
-class OnDevice:
-    """``with torch.cuda.device(i):`` / ``torch.cuda.device_of(t)`` / ``torch.accelerator.device_index(i)``:
-    ``i`` is the current device inside (None or a negative index: no change)."""
+def _answering() -> FakeGpu:
+    gpu = active_gpu()
+    assert gpu is not None, "graphmem.job.fake_gpu: a device context made with no fake GPU answering"
+    return gpu
 
-    def __init__(self, gpu: FakeGpu, device: Any) -> None:
-        self.gpu, self.device, self.before = gpu, device, -1
+
+class OnDevice:
+    """``with torch.cuda.device(i):`` / ``torch.accelerator.device_index(i)``: ``i`` is the current
+    device inside (None or a negative index: no change).  Classes, as torch's are (a program may
+    check ``isinstance`` against them)."""
+
+    def __init__(self, device: Any) -> None:
+        self.gpu, self.device, self.before = _answering(), device, -1
 
     def __enter__(self) -> OnDevice:
         self.before = self.gpu.exchange(self.device)
@@ -88,18 +96,19 @@ class OnDevice:
         self.gpu.exchange(self.before)
 
 
-def _device_of(gpu: FakeGpu) -> Callable[[Any], OnDevice]:
-    def device_of(obj: Any) -> OnDevice:
-        on_gpu = isinstance(obj, torch.Tensor) and obj.device.type == "cuda"
-        return OnDevice(gpu, obj.device if on_gpu else None)
-    return device_of
+class OnDeviceOf(OnDevice):
+    """``with torch.cuda.device_of(t):``: ``t``'s device, when it is the GPU's, is current inside."""
+
+    def __init__(self, obj: Any) -> None:
+        super().__init__(obj.device if isinstance(obj, torch.Tensor) and obj.device.type == "cuda" else None)
 
 
-class _StreamContext:
-    """``with torch.cuda.stream(s):``: ``s`` is its device's current stream inside."""
+class StreamContext:
+    """``with torch.cuda.stream(s):`` / ``torch.cuda.StreamContext(s)``: ``s`` is its device's current
+    stream inside."""
 
-    def __init__(self, gpu: FakeGpu, stream: Any) -> None:
-        self.gpu, self.stream = gpu, stream
+    def __init__(self, stream: Any) -> None:
+        self.gpu, self.stream = _answering(), stream
         self.before: IdleStream | None = None
 
     def __enter__(self) -> Any:
@@ -111,6 +120,13 @@ class _StreamContext:
     def __exit__(self, *exc: Any) -> None:
         if isinstance(self.stream, IdleStream) and self.before is not None:
             self.gpu.streams[self.stream.device_index] = self.before
+
+
+class ExternalStream(IdleStream):
+    """``torch.cuda.ExternalStream(ptr)``: a stream another library made, on the current device."""
+
+    def __init__(self, stream_ptr: int, device: Any = None) -> None:
+        super().__init__(device)
 
 
 def _stats(now: GpuMemory) -> dict[str, int]:
@@ -252,11 +268,9 @@ def _streams(gpu: FakeGpu) -> dict[str, Any]:
 
     return {
         "is_initialized": lambda: gpu.available, "init": lambda: None, "ipc_collect": lambda: None,
-        "device": lambda device: OnDevice(gpu, device), "device_of": _device_of(gpu),
-        "Stream": IdleStream, "ExternalStream": lambda stream_ptr, device=None: IdleStream(device),
+        "device": OnDevice, "device_of": OnDeviceOf, "Stream": IdleStream, "ExternalStream": ExternalStream,
         "get_stream_from_external": lambda data_ptr, device=None: IdleStream(device), "Event": IdleEvent,
-        "StreamContext": lambda stream: _StreamContext(gpu, stream),
-        "stream": lambda stream=None: _StreamContext(gpu, stream), "set_stream": set_stream,
+        "StreamContext": StreamContext, "stream": lambda stream=None: StreamContext(stream), "set_stream": set_stream,
         "get_sync_debug_mode": lambda: 0, "set_sync_debug_mode": lambda debug_mode: None,
         "check_error": lambda res: None,
         # nsys's profiling range (cudaProfilerStart/Stop): marks on nothing
@@ -275,7 +289,13 @@ def cuda_answers(gpu: FakeGpu, *, whole: bool = True) -> dict[str, Any]:
     return answers
 
 
-def cuda_modules(gpu: FakeGpu) -> list[tuple[Any, str, Any]]:
+@contextlib.contextmanager
+def _range(msg: str, *args: Any, **kwargs: Any) -> Iterator[None]:
+    """``torch.cuda.nvtx.range(msg)``: a profiler range (a context, or a decorator) marking nothing."""
+    yield
+
+
+def cuda_modules() -> list[tuple[Any, str, Any]]:
     """torch.cuda's submodules' answers: NVTX ranges mark nothing; a CUDA build of torch has NCCL
     (torchtune checks it, and its version, before it takes bf16)."""
     import torch.cuda.nccl as nccl
@@ -284,7 +304,7 @@ def cuda_modules(gpu: FakeGpu) -> list[tuple[Any, str, Any]]:
 
     ranges = {"range_push": lambda msg: 0, "range_pop": lambda: 0, "range_start": lambda msg: 0,
               "range_end": lambda handle: None, "mark": lambda msg: None,
-              "range": lambda msg, *args, **kwargs: OnDevice(gpu, None)}
+              "range": _range}
     return [(nccl, "version", lambda: NCCL_VERSION), (nccl, "is_available", lambda tensors: True),
             *([(dist, "is_nccl_available", lambda: True)] if dist.is_available() else []),
             *((nvtx, name, value) for name, value in ranges.items())]
