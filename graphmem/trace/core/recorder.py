@@ -235,7 +235,7 @@ class Recorder(TorchDispatchMode):
         """Run the op on fake tensors.  A value the optimizer step reads comes from the real
         one-element replica (graphmem.trace.step.replica), in order; a value or value-dependent
         shape the model reads from ``ValueAnswers``."""
-        if func == ops.READ and self.phase == Phase.OPTIMIZER:
+        if func == ops.READ and self.phase == Phase.OPTIMIZER and self.answers.replica_active:
             return self.answers.replica_value()
         if func.overloadpacket in _RETURNS_INPUT:
             func(*args, **kwargs)

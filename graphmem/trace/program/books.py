@@ -58,6 +58,7 @@ class Books:
         self.optimizers: list[str] = []
         self.params: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> its name
         self.replicas: dict[int, torch.optim.Optimizer | None] = {}
+        recorder.answers.use_replica(None)  # no optimizer step runs before the program's first
         # id(optimizer) -> (closure calls its replica's steps made, its class) for a step that takes a closure
         self.closure_calls: dict[int, tuple[int, str]] = {}
         self.reads: dict[str, int] = {}  # the program's line -> reads answered there
@@ -176,6 +177,7 @@ class Books:
         if self.stepping:  # inside another optimizer's step: part of that one
             return
         recorder.poll()
+        recorder.answers.use_replica(None)  # the step is over: reads are the program's own again
         self.done += 1
         if self.done >= self.steps:
             self._stop()

@@ -74,7 +74,9 @@ class ValueAnswers:
         self.bounded = False  # a value-dependent op was recorded at its bound
         self.declared_inputs = frozenset(assume.inputs)  # inputs whose values the user gave
         self.unseen: dict[str, set[str]] = {}  # input -> the ops its invented values would have sized
-        self._replica: list[Any] = []  # values the optimizer step reads, from graphmem.trace.step.replica
+        # values the optimizer step reads, from graphmem.trace.step.replica; None: no optimizer step
+        # is running (graphmem run: a program that updates its parameters itself reads as any code)
+        self._replica: list[Any] | None = []
         self._replica_index = 0
 
     def weak_tables(self) -> tuple[list[Any], list[Any]]:
@@ -83,12 +85,19 @@ class ValueAnswers:
         values, kept = self.shadows.weak_tables()
         return [*values, *self.counts.weak_tables()], kept
 
-    def use_replica(self, reads: list[Any]) -> None:
-        """The optimizer step's reads from now on: ``reads``, in order (graphmem.trace.step.replica)."""
+    def use_replica(self, reads: list[Any] | None) -> None:
+        """The optimizer step's reads from now on: ``reads``, in order (graphmem.trace.step.replica);
+        None: no optimizer step is running (its reads are answered as any other's)."""
         self._replica, self._replica_index = reads, 0
+
+    @property
+    def replica_active(self) -> bool:
+        """Whether an optimizer step's reads come from its replica now."""
+        return self._replica is not None
 
     def replica_value(self) -> Any:
         """The optimizer step's next read, from its real one-element replica."""
+        assert self._replica is not None, "replica_value: no optimizer step's replica is in use"
         if self._replica_index >= len(self._replica):
             raise TraceError("the optimizer step read more tensor values than its one-element "
                              "replica did; its control flow depends on parameter sizes")
