@@ -279,3 +279,9 @@ def test_lbfgs_with_its_closure() -> None:
     assert predicted.iteration_peaks[0] == real.phase_peaks["step 1"]
     assert 0.98 * real.phase_peaks["step 2"] <= predicted.iteration_peaks[1] <= real.phase_peaks["step 2"]
     assert any("closure 40 times over 2 steps" in note for note in predicted.assumptions)
+
+
+def test_a_tensor_over_the_programs_bytes_is_not_allocated() -> None:
+    """torch.frombuffer (torchvision's MNIST reading its files) shares the buffer's memory: the
+    real run allocates nothing for it, and graphmem run neither (it counted the whole buffer)."""
+    _equal(PROGRAMS / "frombuffer.py", [])

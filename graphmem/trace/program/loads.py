@@ -127,18 +127,25 @@ def _load(data: bytes) -> dict[str, torch.Tensor]:
 def loading_headers_only(mapped: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """Inside, safetensors loads read headers only (see the module docstring); ``mapped(t)`` is
     told of each tensor made so on the CPU: safetensors maps it from the file, memory PyTorch's
-    allocator does not allocate.  Nothing changes where safetensors is not installed."""
-    if importlib.util.find_spec("safetensors") is None:
-        yield
-        return
-    _MAPPED.append(mapped)
-    import safetensors
-    import safetensors.torch
+    allocator does not allocate.  So is each tensor ``torch.frombuffer`` makes over the
+    program's bytes (torchvision's MNIST reads its files so): it shares the buffer's memory.
+    Nothing changes for safetensors where it is not installed."""
+    frombuffer = torch.frombuffer
 
-    readers = {safetensors.safe_open: _HeaderOnly, safetensors.torch.load_file: _load_file,
-               safetensors.torch.load: _load}
-    try:
-        with replaced_everywhere(readers, ("safe_open", "load_file", "load", "safe_load_file")):
-            yield
-    finally:
-        _MAPPED.remove(mapped)
+    def over_the_buffer(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t = frombuffer(*args, **kwargs)
+        mapped(t)
+        return t
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(replaced_everywhere({frombuffer: over_the_buffer}, ("frombuffer",)))
+        if importlib.util.find_spec("safetensors") is not None:
+            import safetensors
+            import safetensors.torch
+
+            _MAPPED.append(mapped)
+            stack.callback(_MAPPED.remove, mapped)
+            readers = {safetensors.safe_open: _HeaderOnly, safetensors.torch.load_file: _load_file,
+                       safetensors.torch.load: _load}
+            stack.enter_context(replaced_everywhere(readers, ("safe_open", "load_file", "load", "safe_load_file")))
+        yield
