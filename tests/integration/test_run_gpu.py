@@ -230,3 +230,29 @@ def test_cuda_graph_names_are_types_and_refused_when_used() -> None:
     assert report is not None and report.peak_bytes > 0
     with pytest.raises(GraphmemError, match="captures a CUDA graph"):
         run_program(str(PROGRAMS / "cuda_graph_names.py"), ["--capture"], gpu="h100")
+
+
+def test_cuda_autocast_to_float32_runs_as_float32(tmp_path: object) -> None:
+    """torch.amp.autocast("cuda", dtype=torch.float32) (nanoGPT's dtype='float32' on a GPU): the
+    ops it would cast run in float32, as with no autocast: the same peaks as the program without it."""
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    body = """
+import contextlib, sys, torch
+from torch import nn
+model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+ctx = torch.amp.autocast("cuda", dtype=torch.float32) if sys.argv[1] == "fp32" else contextlib.nullcontext()
+for _ in range(2):
+    with ctx:
+        loss = model(torch.randn(8, 64, device="cuda")).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+    (folder / "prog.py").write_text(body)
+    with_fp32 = run_program(str(folder / "prog.py"), ["fp32"], gpu="h100").train
+    without = run_program(str(folder / "prog.py"), ["none"], gpu="h100").train
+    assert with_fp32 is not None and without is not None
+    assert with_fp32.iteration_peaks == without.iteration_peaks and with_fp32.peak_bytes == without.peak_bytes

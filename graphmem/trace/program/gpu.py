@@ -131,6 +131,8 @@ def _autocasts() -> list[tuple[Any, str, Any]]:
             return original(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         if not enabled:  # a region inside an autocast one that turns it off (a loss in float32)
             return original("cpu", enabled=False)
+        if dtype == torch.float32:  # CUDA's autocast to float32 (nanoGPT's dtype='float32'): the ops
+            return original("cpu", enabled=False)  # it would cast run in float32, as with it off
         return _CudaAutocast(dtype or torch.float16)
 
     def cuda_amp(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
