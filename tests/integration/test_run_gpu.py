@@ -256,3 +256,29 @@ for _ in range(2):
     without = run_program(str(folder / "prog.py"), ["none"], gpu="h100").train
     assert with_fp32 is not None and without is not None
     assert with_fp32.iteration_peaks == without.iteration_peaks and with_fp32.peak_bytes == without.peak_bytes
+
+
+def test_data_parallel_on_the_one_gpu(tmp_path: object) -> None:
+    """nn.DataParallel(model).cuda() (pytorch/examples' imagenet) in a process with one GPU: its
+    scatter moves the CPU batch to the GPU and the model runs there, as calling the model on
+    the moved batch does: the same peaks."""
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    (folder / "prog.py").write_text("""
+import sys, torch
+from torch import nn
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+wrapped = nn.DataParallel(model).cuda() if sys.argv[1] == "dp" else model.cuda()
+opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+for _ in range(2):
+    x = torch.randn(8, 64)
+    out = wrapped(x) if sys.argv[1] == "dp" else wrapped(x.cuda())
+    out.sum().backward()
+    opt.step()
+    opt.zero_grad()
+""")
+    data_parallel = run_program(str(folder / "prog.py"), ["dp"], gpu="h100").train
+    plain = run_program(str(folder / "prog.py"), ["plain"], gpu="h100").train
+    assert data_parallel is not None and plain is not None
+    assert data_parallel.iteration_peaks == plain.iteration_peaks

@@ -55,6 +55,7 @@ from graphmem._torch_api import (
     parse_to,
     tree_flatten,
 )
+from graphmem.errors import UnsupportedError
 from graphmem.job.fake_gpu import FakeGpu, GpuMemory, GpuProperties, answering, as_gpu_device
 from graphmem.patching import patched
 from graphmem.records import Trace
@@ -307,6 +308,20 @@ def _import_before_the_gpu_is_there() -> None:
                 importlib.import_module(name)
 
 
+def _data_parallel() -> list[tuple[Any, str, Any]]:
+    """``nn.DataParallel`` over the one GPU a process has (pytorch/examples' imagenet wraps its
+    model so): its scatter moves each input to the GPU, as torch's Scatter does for one device
+    (whose C function a CPU-only torch lacks); over several devices it is refused, saying so."""
+    def scatter(self: nn.DataParallel, inputs: Any, kwargs: Any, device_ids: Any) -> Any:  # type: ignore[type-arg]
+        if len(device_ids) != 1:
+            raise UnsupportedError(f"nn.DataParallel over {len(device_ids)} GPUs in one process, which graphmem run "
+                                   "does not model: use DistributedDataParallel (one process per GPU)")
+        moved = lambda value: value.cuda() if isinstance(value, torch.Tensor) else value
+        return ((tuple(moved(v) for v in inputs),), ({k: moved(v) for k, v in (kwargs or {}).items()},))
+
+    return [(nn.DataParallel, "scatter", scatter)]
+
+
 @contextlib.contextmanager
 def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[int], tuple[Trace, int]]) -> Iterator[None]:
     """Run the program (inside) with its "cuda" the target GPU; ``snapshot(i)`` is the run so far
@@ -322,7 +337,8 @@ def on_the_gpu(recorder: Recorder, gpu: GpuTarget, snapshot: Callable[[int], tup
     def shown(t: torch.Tensor) -> torch.device | None:
         return fake.device() if recorder.dispatching == 0 and recorder.books.is_on_gpu(t) else None
 
-    with fake_mode_without_cuda(), answering(fake), patched(*_moves(recorder, fake), *_autocasts()), \
+    with fake_mode_without_cuda(), answering(fake), \
+            patched(*_moves(recorder, fake), *_autocasts(), *_data_parallel()), \
             dtensor_sharding_fakes_on(_CPU), _program_modes(recorder, fake), fakes_shown_on(shown), gpu.kernels, \
             _HostAsked(recorder, fake):
         yield
