@@ -19,15 +19,16 @@ from tests.optional import extended
 PROGRAMS = ROOT / "tests" / "programs"
 
 
-@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py", "fsdp_meta.py", "tp.py", "zero.py"])
+@pytest.mark.parametrize("program", ["ddp.py", "fsdp.py", "fsdp_meta.py", "tp.py", "zero.py", "objects.py"])
 def test_every_rank_equals_the_real_run(program: str) -> None:
     """DistributedDataParallel (1 MB buckets), FSDP2 (fully_shard per block, a device mesh made
     by the program), FSDP2 as torchtitan builds it (on the meta device, then to_empty on
     ``cpu:LOCAL_RANK`` and trunc_normal_ on the DTensor parameters; a container optimizer; a
     tensor made at import, held by each rank's own process), tensor parallelism
     (parallelize_module, column- then row-wise) and ZeRO-1 (DDP with ZeroRedundancyOptimizer:
-    the ranks' shares of Adam's state differ), each with the program's own
-    init_process_group("gloo")."""
+    the ranks' shares of Adam's state differ), Python objects broadcast and gathered between
+    the ranks (each rank keeps its own: the others are not recorded with it), each with the
+    program's own init_process_group("gloo")."""
     script = str(PROGRAMS / program)
     real = measure_program_distributed(script, world_size=2, steps=2)
     report = run_program(script, nproc_per_node=2, ranks="all").train

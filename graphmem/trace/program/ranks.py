@@ -108,6 +108,33 @@ def _requests_holding_tensors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _objects_each_rank_keeps(world: int) -> Iterator[None]:
+    """Python objects exchanged between ranks (``broadcast_object_list``, ``all_gather_object``,
+    ``gather_object``): each rank is recorded alone, so the others' objects are not here; every
+    rank is taken to hold what this one holds (a broadcast leaves each rank its own object,
+    which programs compute alike on every rank: a run's name, a seed, a flag).  The fake process
+    group's invented bytes would not unpickle (Lightning's DDP broadcast failed with EOFError)."""
+    import torch.distributed as dist
+
+    def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
+                              device: Any = None, group_src: int | None = None) -> None:
+        return None
+
+    def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+        object_list[:] = [obj] * len(object_list or range(world))
+
+    def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None,
+                      group: Any = None, group_dst: int | None = None) -> None:
+        if object_gather_list is not None:
+            object_gather_list[:] = [obj] * len(object_gather_list or range(world))
+
+    table = {dist.broadcast_object_list: broadcast_object_list, dist.all_gather_object: all_gather_object,
+             dist.gather_object: gather_object}
+    with replaced_everywhere(table, ("broadcast_object_list", "all_gather_object", "gather_object")):
+        yield
+
+
+@contextlib.contextmanager
 def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Tensor], None],
             quiet: Callable[[], AbstractContextManager[Any]], held: Callable[[torch.Tensor], None],
             groups: list[int] | None = None) -> Iterator[None]:
@@ -136,6 +163,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
     node = gpus_on_the_node(program.nproc_per_node) if gpu else contextlib.nullcontext()
     with environment(program.rank_environment(rank)), node, ddp_on_fakes(world), following_resizes(resized), \
             _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), _requests_holding_tensors(), \
+            _objects_each_rank_keeps(world), \
             replaced_everywhere({start: init_process_group}, ("init_process_group",)):  # DeviceMesh's own name too
         try:
             yield
