@@ -44,7 +44,6 @@ __all__ = [
     "fakes_shown_on",
     "per_device_caches_cleared",
     "data_loading_in_process",
-    "fakes_show_device",
     "dispatch_modes_pushed",
     "process_group_sizes",
     "fake_mode_without_cuda",
@@ -396,27 +395,6 @@ def fakes_take_foreach_paths() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def fakes_show_device(device: torch.device, shown: Callable[[torch.Tensor], bool]) -> Iterator[None]:
-    """A fake tensor for which ``shown(t)`` holds says it is on ``device`` to Python code
-    (``.device``, ``.is_cuda``), so ``torch.zeros(n, device=x.device)`` asks for that device;
-    inside torch's kernels (``in_kernel_invocation``) and where ``shown`` says no, it is on its
-    own fake device as before.  The C++ side (the autograd engine) keeps the fake device."""
-    original = FakeTensor.__dict__["device"]
-
-    def device_of(self: FakeTensor) -> torch.device:
-        own: torch.device = original.fget(self)
-        return device if own.type != "meta" and shown(self) else own
-
-    FakeTensor.device = property(device_of, original.fset)  # type: ignore[method-assign,assignment]
-    FakeTensor.is_cuda = property(lambda self: device_of(self).type == "cuda")  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        FakeTensor.device = original  # type: ignore[method-assign]
-        del FakeTensor.is_cuda
-
-
-@contextlib.contextmanager
 def data_loading_in_process(workers: Callable[[int], None]) -> Iterator[None]:
     """Every ``DataLoader`` loads in the calling process (as with ``num_workers=0``): the same
     batches in the same order, made where the recording sees them; ``workers(n)`` is told of
@@ -517,7 +495,7 @@ def tensor_text(value: torch.Tensor, suffixes: list[str]) -> str:
 
 def fake_like(like: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     """A fake tensor of ``meta``'s metadata in fake ``like``'s mode, on the device ``like`` is made on
-    (the CPU, or meta), whatever ``like.device`` shows the program (``fakes_show_device``)."""
+    (the CPU, or meta), whatever ``like.device`` shows the program (``fakes_shown_on``)."""
     assert isinstance(like, FakeTensor), f"fake_like: {type(like).__name__} is no fake tensor"
     return to_fake(like.fake_mode, meta, like.fake_device)
 
@@ -552,8 +530,9 @@ def per_device_caches_cleared() -> Iterator[None]:
 def fakes_shown_on(where: Callable[[torch.Tensor], torch.device | None]) -> Iterator[None]:
     """A fake tensor says it is on ``where(t)`` to Python code (``.device``, ``.is_cuda``), so
     ``torch.zeros(n, device=x.device)`` asks for that device; inside torch's kernels and where
-    ``where`` says None, it is on its own fake device as before (``fakes_show_device``, with
-    the device chosen per tensor and per moment: a rank's GPU index)."""
+    ``where`` says None, it is on its own fake device as before: the device chosen per tensor
+    and per moment (a rank's GPU index).  The C++ side (the autograd engine) keeps the fake
+    device."""
     original = FakeTensor.__dict__["device"]
 
     def device_of(self: FakeTensor) -> torch.device:

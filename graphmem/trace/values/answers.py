@@ -99,8 +99,9 @@ class ValueAnswers:
         """The optimizer step's next read, from its real one-element replica."""
         assert self._replica is not None, "replica_value: no optimizer step's replica is in use"
         if self._replica_index >= len(self._replica):
-            raise TraceError("the optimizer step read more tensor values than its one-element "
-                             "replica did; its control flow depends on parameter sizes")
+            raise TraceError("the optimizer's step reads values that depend on its parameters' sizes or values: "
+                             "graphmem answers a step's reads from a real copy of the optimizer with one-element "
+                             "parameters, and this step read more than that copy did; please report the optimizer")
         self._replica_index += 1
         return self._replica[self._replica_index - 1]
 
