@@ -86,8 +86,8 @@ def command(row: Row) -> str:
     """The command that reproduces ``row`` (with the row's transformers site first on PYTHONPATH)."""
     run = row.run
     site = f"PYTHONPATH=<sites>/transformers-{run.transformers} " if run.transformers else ""
-    return (f"{site}graphmem run --gpu {run.gpu} --steps {run.steps} {run.program} {' '.join(run.argv)} "
-            "--out counters.json")
+    return (f"{site}graphmem run --gpu {run.gpu} --steps {run.steps} --write-through counters.json {run.program} "
+            f"{' '.join(run.argv)} --out counters.json")
 
 
 def measure(row: Row) -> dict[str, int]:
@@ -97,7 +97,7 @@ def measure(row: Row) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "counters.json"
         graphmem.run_program(str(ROOT / row.run.program), [*row.run.argv, "--out", str(out)], gpu=row.run.gpu,
-                             steps=row.run.steps)
+                             steps=row.run.steps, write_through=[folder])
         counters: dict[str, int] = json.loads(out.read_text())
     return counters
 

@@ -332,7 +332,7 @@ def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace]
 def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
                 device: str = "cpu", gpu: str | None = None, alloc_conf: str | None = None, sdpa: str = "auto",
                 nproc_per_node: int | None = None, nnodes: int | None = None, ranks: str | Sequence[int] = "auto",
-                policy: str = "observed") -> MemoryReport:
+                policy: str = "observed", write_through: Sequence[str] = ()) -> MemoryReport:
     """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
     MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
     tensor it makes a fake one (graphmem.trace.program).
@@ -354,6 +354,8 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
             pipeline stage), ``all``, or a list (and any rank whose pipeline stage another
             recorded rank waits for: graphmem.trace.program.stage_messages).
         policy: storage release policy (graphmem.memory.liveness).
+        write_through: paths the program writes for real (with a string ``program``); every
+            other write goes to a layer of its own, dropped after the run.
 
     Returns:
         A MemoryReport whose ``train`` is the whole run: ``iteration_peaks`` per optimizer step;
@@ -368,7 +370,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
     if isinstance(program, str):
         program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
-                               nnodes=nnodes)
+                               nnodes=nnodes, write_through=tuple(write_through))
     scratch = {str(op) for op in rules_for(device).scratch}
     cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
     chosen = program_ranks(ranks, program.world_size)

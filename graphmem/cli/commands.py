@@ -269,8 +269,11 @@ class _RunCommand(GraphmemCommand):
 @click.option("--alloc-conf", default=None, metavar="TEXT",
               help="On the GPU: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).")
 @click.option("--allow-network", is_flag=True, default=False,
-              help="Let the program connect to servers (default: its connections are refused; its files "
-                   "are always written to a layer of its own, dropped after the run).")
+              help="Let the program connect to servers (default: its connections are refused).")
+@click.option("--write-through", "write_through", multiple=True, metavar="PATH",
+              help="Let the program write PATH (a file or a folder) for real, e.g. a metrics file it logs to; "
+                   "repeatable. Every other write goes to a layer of its own, dropped after the run: your "
+                   "files are never changed.")
 @output_options(list(RENDERER_NAMES))
 @click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True,
               help="Levels of the module tree in the per-module table and the JSON.")
@@ -289,7 +292,8 @@ class _RunCommand(GraphmemCommand):
 def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int | None, nnodes: int | None,
                 ranks: str,
                 gpu: str | None, sdpa: str,
-                alloc_conf: str | None, allow_network: bool, budget: BudgetAmount | None, margin: Fraction, fmt: str,
+                alloc_conf: str | None, allow_network: bool, write_through: tuple[str, ...],
+                budget: BudgetAmount | None, margin: Fraction, fmt: str,
                 units: str,
                 output: str | None,
                 debug: bool, depth: int, top: int, timeline: str | None, snapshot: str | None, html: str | None,
@@ -320,7 +324,8 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
         limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
         _load()
         chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
-                              nproc_per_node=nproc_per_node, nnodes=nnodes, allow_network=allow_network)
+                              nproc_per_node=nproc_per_node, nnodes=nnodes, allow_network=allow_network,
+                              write_through=write_through)
         report = run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf, ranks=ranks)
         train = report.train
         conf, source = allocator_setting(alloc_conf) if gpu else ("", "")

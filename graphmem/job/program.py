@@ -27,6 +27,7 @@ class Program:
     nnodes: int = 1  # nodes, as torchrun --nnodes
     torchrun: bool = False  # launched by torchrun even with one process (its environment, a process group)
     allow_network: bool = False  # the program may connect to servers (else its connections are refused)
+    write_through: tuple[str, ...] = ()  # absolute paths it writes for real (else its writes are its layer's)
 
     @property
     def world_size(self) -> int:
@@ -57,7 +58,7 @@ class Program:
 
 def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
                  nproc_per_node: int | None = None, nnodes: int | None = None,
-                 allow_network: bool = False) -> Program:
+                 allow_network: bool = False, write_through: tuple[str, ...] = ()) -> Program:
     """A checked Program; given ``nproc_per_node`` or ``nnodes`` (even 1), launched as torchrun
     launches it, else as ``python`` runs it.
 
@@ -77,4 +78,5 @@ def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = Fals
         raise UserInputError(f"{what}: {target!r}; give the path of a Python script (graphmem run train.py ARGS), "
                              "a folder with __main__.py, or a module with -m (graphmem run -m pkg.train ARGS)")
     return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
-                   nnodes=nnodes, torchrun=torchrun, allow_network=allow_network)
+                   nnodes=nnodes, torchrun=torchrun, allow_network=allow_network,
+                   write_through=tuple(os.path.abspath(path) for path in write_through))

@@ -355,3 +355,23 @@ def test_a_program_killed_by_a_signal_is_named(tmp_path: Path, sig: signal.Signa
     done = _run(tmp_path, "--budget", "1GiB", "prog.py")
     assert done.returncode == 3
     assert sig.name in done.stderr and "FITS" not in done.stdout
+
+
+def test_write_through_lets_the_program_write_what_the_user_names(tmp_path: Path) -> None:
+    """--write-through PATH: the program's metrics file there is written for real (what it
+    printed from torch.cuda's counters, say); its other writes still stay in its layer."""
+    (tmp_path / "ckpt.pt").write_bytes(os.urandom(1024))
+    _program(tmp_path, """
+        import json, os
+        os.makedirs("metrics", exist_ok=True)
+        with open("metrics/run.json", "w") as f:
+            json.dump({"started": True}, f)
+        with open("ckpt.pt", "wb") as f:
+            f.write(b"")
+        train(nn.Linear(64, 64))
+    """)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    done = _run(tmp_path, "--write-through", "metrics", "prog.py")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "metrics" / "run.json").read_text()) == {"started": True}
+    assert (tmp_path / "ckpt.pt").read_bytes() == before

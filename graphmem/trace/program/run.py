@@ -68,8 +68,8 @@ _NOWHERE = "\x00"  # a module path no module has
 _real_exit = os._exit  # the program's own os._exit is caught while it runs (exits_caught)
 
 # graphmem run's own options, named in the error when a program that refused its argv got one
-_RUN_OPTIONS = frozenset({"--steps", "--allow-network", "--device", "--format", "--units", "--output", "-o",
-                          "--debug", "--timeout",
+_RUN_OPTIONS = frozenset({"--steps", "--allow-network", "--write-through", "--device", "--format", "--units",
+                          "--output", "-o", "--debug", "--timeout",
                           "--progress", "--no-progress", "--depth", "--top", "--timeline", "--snapshot", "--html",
                           "--gpu", "--sdpa", "--alloc-conf", "--budget", "--margin", "--nproc-per-node", "--nnodes",
                           "--ranks"})
@@ -197,7 +197,7 @@ def _record(program: Program, gpu: GpuTarget | None, rank: int, cut: bool, mailb
     exchange = Exchange(mailbox or Mailbox())
     exchanging = exchanging_stage_messages(exchange) if program.launched else contextlib.nullcontext()
     with tempfile.TemporaryDirectory(prefix="graphmem-program-") as folder, contextlib.ExitStack() as capture:
-        scratch = Scratch(os.path.join(folder, "layer"))
+        scratch = Scratch(os.path.join(folder, "layer"), program.write_through)
         held: list[Callable[[bool], None]] = []  # the cut try's output, written out once it stands
         # where the cut try's output is held: opened now, outside the program's file layer
         outputs = (tempfile.TemporaryFile(dir=folder), tempfile.TemporaryFile(dir=folder)) if cut else None

@@ -98,12 +98,14 @@ Change = FileChange  # one thing the program did to the file system (in the laye
 class Scratch:
     """The layer: copies of what the program wrote, and what it deleted, under a private root."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, through: tuple[str, ...] = ()) -> None:
         """Args:
         root: an empty private folder for the layer (made if missing); deleting it after the
             run drops everything the program wrote.
+        through: folders (or files) the program writes for real, as the user asked
+            (``graphmem run --write-through``): outside the layer.
         """
-        self._layer = Layer(root)
+        self._layer = Layer(root, through)
         self._installed = 0
         _forked_children_unlock(self)
 

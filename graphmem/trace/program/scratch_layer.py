@@ -99,7 +99,8 @@ class Layer:
     """The program's changes (a ``Tree``), the layer's folder holding their bytes, the log of
     what it did; one lock around all of it."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, through: tuple[str, ...] = ()) -> None:
+        self.through = tuple(joined(Tree().locate(_absolute_real(path), True).path, "") for path in through)
         self.lock = threading.RLock()
         self.tree = Tree()
         self.log: dict[tuple[str, str, str | None], None] = {}  # (path, action, to), in order
@@ -117,7 +118,7 @@ class Layer:
         self.root = Tree().locate(path, True).path
         self.files = joined(self.root, "files")
         self.tmp = joined(self.root, "tmp")
-        self.outside = (*_OUTSIDE, joined(self.root, ""))
+        self.outside = (*_OUTSIDE, joined(self.root, ""), *self.through)
 
     # -- naming ---------------------------------------------------------------------------
 
