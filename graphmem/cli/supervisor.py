@@ -19,14 +19,15 @@ process:
   writing is blocked (nobody reads the pipe), a signal ends the process with 128 + the signal;
 - ``--timeout DURATION`` passed: the same, exit 3, naming the last stage the child reported.
 
-The child runs in a process group of its own (a terminal's Ctrl-C reaches the supervisor only),
-dies with the supervisor (Linux's parent-death signal), reads stdin from /dev/null, writes the
-model's prints to stderr (fd 1 is stderr there; only graphmem's main thread writes the result),
-and keeps its temporary files, matplotlib's and inductor's caches in a folder this process
-removes.  Its threads end with it: the child exits as soon as the result is sent.  What the
-model's code started (a helper process, a subprocess in a session of its own) ends with the
-command: on Linux this process is a child subreaper, so every orphan below it is reparented to
-it, and at the end it kills and reaps every process below it before removing the folder.
+The child (graphmem.cli.child) runs in a process group of its own (a terminal's Ctrl-C reaches
+the supervisor only), dies with the supervisor (Linux's parent-death signal), reads stdin from
+/dev/null, writes the model's prints to stderr (fd 1 is stderr there; only graphmem's main
+thread writes the result), and keeps its temporary files, matplotlib's and inductor's caches in
+a folder this process removes.  Its threads end with it: the child exits as soon as the result is
+sent.  What the model's code started (a helper process, a subprocess in a session of its own)
+ends with the command: on Linux this process is a child subreaper, so every orphan below it is
+reparented to it, and at the end it kills and reaps every process below it before removing the
+folder (graphmem.cli.descendants).
 
 Closed standard streams (``2>&-``, ``>&-``) are /dev/null here from the first line on, so no
 pipe or file takes their numbers, and a closed stderr changes no exit code.
@@ -35,7 +36,6 @@ pipe or file takes their numbers, and a closed stderr changes no exit code.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import select
@@ -43,22 +43,21 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from graphmem.cli.arguments import own_arguments
+from graphmem.cli.child import SIGNALS as _SIGNALS
+from graphmem.cli.child import run_child
+from graphmem.cli.descendants import become_subreaper, end_descendants, reap
 from graphmem.units import parse_duration
-from graphmem.workers import die_with_parent, how_it_ended
+from graphmem.workers import how_it_ended
 
 __all__ = ["main"]
 
 # graphmem.cli.exit_codes' USAGE, FAILED and CLOSED_PIPE (that module imports click); 128 + signal
 USAGE, FAILED, CLOSED_PIPE, INTERRUPTED_BASE = 2, 3, 141, 128
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_END_S = 2.0  # the longest the end waits for the processes below this one to be gone
-_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 def _option(argv: Sequence[str], name: str) -> str | None:
     """The value of ``--name V`` / ``--name=V`` in argv (the last wins, as click's does)."""
@@ -103,7 +102,7 @@ class _Supervisor:
         if self.pid:
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
-        _end_descendants()
+        end_descendants()
         self.pid = 0
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -210,7 +209,7 @@ class _Supervisor:
                     "it had not reported any stage yet (importing or building the model)"
                 self.fail("analysis", f"timed out after {self.timeout_text} (--timeout); {where}", FAILED)
             if now - reaped_at > 1.0:  # orphans of the model's processes, reparented here
-                _reap(keep=self.pid)
+                reap(keep=self.pid)
                 reaped_at = now
 
     def finish(self, status: int) -> NoReturn:
@@ -281,75 +280,6 @@ def _write_within(fd: int, text: str, seconds: float = 1.0) -> None:
             data = data[os.write(fd, data[:select.PIPE_BUF]):]  # a pipe with room takes PIPE_BUF bytes at once
 
 
-# ---------------------------------------------------------------------------------------------
-# The processes below this one
-
-
-def _become_subreaper() -> None:
-    """Linux: orphans below this process are reparented to it, not to init (PR_SET_CHILD_SUBREAPER),
-    so that ``_end_descendants`` finds and reaps them; elsewhere nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(ImportError, OSError, AttributeError):  # no ctypes, libc or prctl: not a subreaper
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def _parents() -> dict[int, tuple[int, str]]:
-    """Every process's parent and state (Linux: /proc/PID/stat); empty without /proc."""
-    found = {}
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as stat:
-                    fields = stat.read().rpartition(b")")[2].split()  # after the name, which may hold spaces
-            except OSError:  # it ended meanwhile
-                continue
-            found[int(name)] = (int(fields[1]), fields[0].decode())
-    return found
-
-
-def _descendants(root: int) -> list[int]:
-    """The processes below ``root``, zombies included."""
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in _parents().items():
-        children.setdefault(parent, []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-def _reap(keep: int = 0) -> None:
-    """Reap this process's children that have ended, but ``keep``."""
-    me = os.getpid()
-    for pid, (parent, state) in _parents().items():
-        if parent == me and state in ("Z", "X") and pid != keep:
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def _end_descendants() -> None:
-    """Kill every process below this one and reap them (orphans are reparented here, see
-    ``_become_subreaper``), until none is left or ``_END_S`` has passed."""
-    me, deadline = os.getpid(), time.monotonic() + _END_S
-    while True:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        left = _descendants(me)
-        if not left or time.monotonic() > deadline:
-            return
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
-
-
 def _standard_streams() -> bool:
     """Open /dev/null on any of file descriptors 0, 1, 2 that is closed, so that no pipe or file
     takes its number and what is written there goes nowhere; True when stdout was closed."""
@@ -381,14 +311,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     run = _Supervisor(args, stdout_closed)
     for signum in _SIGNALS:
         signal.signal(signum, run.on_signal)
-    _become_subreaper()
+    become_subreaper()
     run.folder = tempfile.mkdtemp(prefix="graphmem-")
     read_fd, write_fd = os.pipe()
     supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _child(args, write_fd, run.folder, supervisor)
+        run_child(args, write_fd, run.folder, supervisor)
     run.pid = pid
     with contextlib.suppress(OSError):  # as the child does: no window where it has our group
         os.setpgid(pid, pid)
@@ -396,137 +326,3 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     run.fd = read_fd
     status = run.wait(read_fd)
     run.finish(status)
-
-
-# ---------------------------------------------------------------------------------------------
-# The child
-
-
-class _Stdout(io.TextIOBase):
-    """The child's ``sys.stdout``: what graphmem's main thread writes is kept for the result;
-    any other thread's writes (a model's) go to stderr."""
-
-    def __init__(self, stderr: Any) -> None:
-        self.kept = io.StringIO()
-        self.stderr = stderr
-        self.main = threading.main_thread()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return "utf-8"
-
-    def writable(self) -> bool:
-        return True
-
-    def isatty(self) -> bool:
-        return False
-
-    def write(self, text: str) -> int:
-        if threading.current_thread() is self.main:
-            return self.kept.write(text)
-        return int(self.stderr.write(text))
-
-    def flush(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.stderr.flush()
-
-
-def _child(argv: Sequence[str], write_fd: int, folder: str, parent: int) -> NoReturn:
-    """Run the command; send the progress lines and the result to ``write_fd``; exit."""
-    send = _sender(write_fd)
-    status = 0
-    try:
-        _isolate(folder, parent)
-        stdout = _Stdout(sys.stderr)
-        sys.stdout = stdout
-        code = _run_command(argv, send)
-        result = {"result": {"stdout": stdout.kept.getvalue(), "exit": code}}
-    except BaseException as exc:  # broad: graphmem's own failure outside the command: the supervisor says so
-        import traceback
-        with contextlib.suppress(OSError, ValueError):  # a closed stderr: the crash is still sent
-            traceback.print_exc()
-        with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
-            send({"crash": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
-    else:
-        try:
-            send(result)
-        except OSError as exc:  # the model's code closed the pipe (or the supervisor is gone)
-            status = 1
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(f"graphmem: the result could not be sent to the supervising process: {exc}\n")
-    finally:
-        with contextlib.suppress(BaseException):  # broad: a forked child must reach os._exit, whatever happens
-            sys.stderr.flush()
-        os._exit(status)
-
-
-def _isolate(folder: str, parent: int) -> None:
-    """The child's own process group, death with the supervisor, signals at their defaults,
-    stdin from /dev/null, fd 1 to stderr, temporary files and caches in ``folder``, no network
-    for Hugging Face, and the current directory no longer first on sys.path (PYTHONPATH's stay)."""
-    os.setpgid(0, 0)
-    die_with_parent(parent)  # graphmem.workers: light, torch only on use
-    for signum in _SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    if devnull != 0:
-        os.dup2(devnull, 0)
-        os.close(devnull)
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-    os.dup2(2, 1)
-    caches = {"TMPDIR": "", "MPLCONFIGDIR": "matplotlib", "TORCHINDUCTOR_CACHE_DIR": "inductor",
-              "TRITON_CACHE_DIR": "triton", "XDG_CACHE_HOME": "cache"}
-    for variable, sub in caches.items():
-        os.environ[variable] = os.path.join(folder, sub) if sub else folder
-    tempfile.tempdir = folder
-    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        os.environ[variable] = "1"
-    sys.path[:] = _without_the_current_folder(sys.path)
-
-
-def _without_the_current_folder(path: Sequence[str]) -> list[str]:
-    """``path`` (sys.path) without the current folder, which python puts first for ``python -m
-    graphmem``, so that a ``transformers.py`` there is not imported in place of the real one
-    (graphmem.job.load adds it back after the installed packages for a target).  An entry
-    PYTHONPATH gives is kept where it stands, as python keeps it, even when it is the current
-    folder (a program run from a folder it also puts on PYTHONPATH imports its modules there)."""
-    here = os.path.realpath(os.getcwd())
-    text = os.environ.get("PYTHONPATH", "")
-    given = {os.path.realpath(entry or os.curdir) for entry in text.split(os.pathsep)} if text else set()  # "": here
-    pythons = 0 if getattr(sys.flags, "safe_path", False) else 1  # python's own first entry, -P aside
-    return [entry for n, entry in enumerate(path)
-            if os.path.realpath(entry or os.curdir) != here or (n >= pythons and here in given)]
-
-
-def _sender(fd: int) -> Callable[[dict[str, Any]], None]:
-    def send(message: dict[str, Any]) -> None:
-        data = (json.dumps(message) + "\n").encode()
-        while data:
-            data = data[os.write(fd, data):]
-    return send
-
-
-def _progress(send: Callable[[dict[str, Any]], None], text: str) -> None:
-    """Hand a progress line on; a pipe the model's code closed fails the result, not the command."""
-    with contextlib.suppress(OSError):
-        send({"progress": text})
-
-
-def _run_command(argv: Sequence[str], send: Callable[[dict[str, Any]], None]) -> int:
-    """The command, as click runs it in-process; its exit code."""
-    from graphmem.cli import process
-    from graphmem.cli.group import main as group
-
-    process.relay_progress(lambda text: _progress(send, text))
-    try:
-        group.main(list(argv), prog_name="graphmem")
-    except SystemExit as exc:
-        code = exc.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        sys.stderr.write(f"{code}\n")
-        return 1
-    return 0
