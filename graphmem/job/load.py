@@ -11,7 +11,8 @@ error (UserInputError), never the end of graphmem; CUDA calls in the constructor
 (``.cuda()``, ``device="cuda"``, ``torch.cuda.is_available()``) are answered on the meta
 device (graphmem.job.devices).  A constructor that reads tensor values, which the meta
 device cannot answer, is built again under fake tensors, else once with real CPU tensors under
-a limit (``construct_model``); the result is moved to meta and the report says so.
+a limit (``construct_model``); the result is moved to meta and the report says so.  A
+Hugging Face config's values are read by ``load_hf_config`` (graphmem.job.hf_config).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import importlib.util
 import inspect
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ from torch import nn
 
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.fallback import TooLarge, first_line, on_cpu, on_fake, on_meta, reads_values
+from graphmem.job.hf_config import load_hf_config
 from graphmem.units import format_bytes
 
 __all__ = ["resolve_target", "build_model", "construct_model", "BuiltModel", "load_hf_config", "ModelSource",
@@ -356,71 +357,3 @@ def _model_errors(program: str, hint: str, why: str = "") -> Iterator[None]:
 # A model whose constructor needs real values is built once on the CPU; past this many bytes of
 # tensors created the build is stopped (before the allocation, for torch's factory functions).
 REAL_BUILD_LIMIT_BYTES = 2 * 2**30
-
-
-# A Hugging Face Hub model id, ``org/name`` (huggingface_hub's repo id rules, less the ids
-# without an org): one slash, no other path separator, not a file name ending in .json.
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-def _is_hub_id(text: str) -> bool:
-    return _HUB_ID.fullmatch(text) is not None and not text.lower().endswith(".json")
-
-
-def _cached_hub_config(repo_id: str) -> str:
-    """The path of a Hub model's config.json in the local Hugging Face cache (HF_HOME,
-    HF_HUB_CACHE); the network is never asked."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as exc:
-        raise UserInputError(f"--hf-config {repo_id!r}: no such file, and reading a Hub model id needs "
-                             "huggingface_hub: pip install 'graphmem[hf]'; or give a local config.json") from exc
-    try:
-        return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
-    except (OSError, ValueError) as exc:  # not cached (LocalEntryNotFoundError), a malformed id (HFValidationError)
-        raise UserInputError(f"--hf-config {repo_id!r}: no such file, and the config.json of Hub model {repo_id!r} "
-                             "is not in the Hugging Face cache (graphmem never downloads); fetch it once with "
-                             f"`hf download {repo_id} config.json`, or give a local config.json") from exc
-
-
-def load_hf_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """The values of a local config.json, updated by ``overrides`` (None when neither is given).
-
-    ``path`` that names no file may be a Hugging Face Hub model id (``meta-llama/Llama-3.1-8B``,
-    exactly one slash, not ending in .json): its config.json is then read from the local
-    Hugging Face cache only (HF_HOME, HF_HUB_CACHE); nothing is ever downloaded.
-
-    Raises:
-        UserInputError: the file is missing (and the text is no cached Hub id), unreadable or
-            not a JSON object.
-    """
-    if path is None and not overrides:
-        return None
-    values: dict[str, Any] = {}
-    if path is not None and not os.path.exists(path):
-        if not _is_hub_id(path):
-            raise UserInputError(f"--hf-config: no such file {path!r}; give a local config.json, or a Hub model id "
-                                 "org/name whose config.json is in the Hugging Face cache")
-        path = _cached_hub_config(path)
-    if path is not None:
-        values = _read_json_object(path)
-    values.update(overrides or {})
-    return values
-
-
-def _read_json_object(path: str) -> dict[str, Any]:
-    """The JSON object in file ``path``; UserInputError naming the file otherwise."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            values = json.load(handle)
-    except json.JSONDecodeError as exc:
-        raise UserInputError(f"--hf-config: {path!r} is not valid JSON: {exc}") from exc
-    except OSError as exc:
-        raise UserInputError(f"--hf-config: cannot read {path!r} ({exc.strerror or exc}); give a readable "
-                             "config.json") from exc
-    except (RecursionError, ValueError) as exc:  # not UTF-8, nested past Python's limit, a 5,000-digit number
-        what = "nested too deeply" if isinstance(exc, RecursionError) else first_line(exc)
-        raise UserInputError(f"--hf-config: {path!r} is not a JSON file graphmem can read ({what})") from exc
-    if not isinstance(values, dict):
-        raise UserInputError(f"--hf-config: {path!r} holds no JSON object")
-    return values

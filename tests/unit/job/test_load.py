@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from graphmem.errors import UserInputError
-from graphmem.job.load import _is_hub_id, build_model, construct_model, load_hf_config, resolve_target
+from graphmem.job.hf_config import _is_hub_id
+from graphmem.job.load import build_model, construct_model, load_hf_config, resolve_target
 from tests.conftest import ROOT
 
 SOURCE = """
