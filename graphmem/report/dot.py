@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import operator
-import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING
 from graphmem.errors import UserInputError
 from graphmem.memory.results import ModeReport
 from graphmem.records import Phase, Role, StorageRecord, Trace
-from graphmem.report.formats import COLLAPSE_CHOICES, DOT_FORMATS, require_pydot
+from graphmem.report.formats import COLLAPSE_CHOICES, DOT_FORMATS, require_graphviz, require_pydot
 from graphmem.report.modules import cut_module, module_rows, op_module, storage_module
 from graphmem.report.series import live_at
 from graphmem.units import format_bytes
@@ -286,10 +285,7 @@ def to_dot(graph: nx.DiGraph, title: str = "") -> str:
 
 def render_graphviz(dot_text: str, fmt: str) -> bytes:
     """Run Graphviz's ``dot -T{fmt}`` on ``dot_text``; UserInputError when it is missing."""
-    program = shutil.which("dot")
-    if program is None:
-        raise UserInputError(f"writing a .{fmt} graph needs Graphviz's `dot` program, which is not on PATH; "
-                             "install Graphviz (apt-get install graphviz, brew install graphviz) or write a .dot file")
+    program = require_graphviz(fmt)
     done = subprocess.run([program, f"-T{fmt}"], input=dot_text.encode("utf-8"), capture_output=True, check=False)
     if done.returncode != 0:
         raise AssertionError(f"render_graphviz: dot -T{fmt} failed: {done.stderr.decode(errors='replace')}")

@@ -1,10 +1,10 @@
 """Stage 4: where the output files may be written, checked before anything is analysed.
 
 Input: the paths given for the report and the pictures.  Output: each path, when a file of its
-kind can be written there and the optional package it needs is installed (else UserInputError
-saying which and how to fix it), and how it is written (``destination_of``: renamed into place,
-overwritten or appended; graphmem.report.files writes it so).  Imports no torch: the command
-line checks its output options while it parses them.
+kind can be written there and the optional package (or Graphviz's ``dot`` program) it needs is
+installed (else UserInputError saying which and how to fix it), and how it is written
+(``destination_of``: renamed into place, overwritten or appended; graphmem.report.files writes
+it so).  Imports no torch: the command line checks its output options while it parses them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphmem.errors import UserInputError
-from graphmem.report.formats import DOT_FORMATS, HTML_SUFFIXES, TIMELINE_FORMATS, require_matplotlib, require_pydot
+from graphmem.report.formats import (
+    DOT_FORMATS,
+    HTML_SUFFIXES,
+    RENDERED_DOT_FORMATS,
+    TIMELINE_FORMATS,
+    require_graphviz,
+    require_matplotlib,
+    require_pydot,
+)
 
 __all__ = ["OUTPUT_FORMATS", "Destination", "check_destination", "check_html_path", "check_output_path",
            "destination_of"]
@@ -102,8 +110,9 @@ def _check_folder(path: str, folder: Path) -> None:
 
 def check_output_path(kind: str, path: str) -> str:
     """``path`` when its suffix suits ``kind`` (timeline, snapshot, dot, policy, policy_curve), a file can be written
-    there (``check_destination``) and the optional dependency that output needs is installed;
-    else UserInputError naming the choices."""
+    there (``check_destination``) and the optional dependency that output needs is installed
+    (for a .svg/.png/.pdf graph, Graphviz's ``dot`` program on PATH too); else UserInputError
+    naming the choices or what to install."""
     suffix = Path(path).suffix.lower().lstrip(".")
     formats = OUTPUT_FORMATS[kind]
     if suffix not in formats and not path.endswith(("/", os.sep)):
@@ -114,6 +123,8 @@ def check_output_path(kind: str, path: str) -> str:
         require_matplotlib()
     if kind == "dot":
         require_pydot()
+    if kind == "dot" and suffix in RENDERED_DOT_FORMATS:
+        require_graphviz(suffix)
     return path
 
 

@@ -13,6 +13,7 @@ import graphmem.report.files as files
 from graphmem import OutputError, UserInputError, analyze
 from graphmem.report.files import check_destination, check_output_path, staged_files, write_files
 from tests.conftest import ROOT
+from tests.optional import needs
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"
 
@@ -68,6 +69,55 @@ def test_a_failing_picture_leaves_no_picture(tmp_path: Path, monkeypatch: pytest
         write_files(report, timeline=str(tmp_path / "t.svg"), snapshot=str(tmp_path / "s.pickle"),
                     dot=str(tmp_path / "g.dot"))
     assert os.listdir(tmp_path) == []
+
+
+# --- Graphviz: a rendered graph needs its `dot` program, looked for before anything is drawn ----
+
+def _path_without_graphviz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_dot: bool = False) -> Path:
+    """PATH set to one empty folder of ``tmp_path`` (a fake Graphviz ``dot`` in it: ``with_dot``)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    if with_dot:
+        (folder / "dot").write_text("#!/bin/sh\nexit 0\n")
+        (folder / "dot").chmod(0o755)
+    monkeypatch.setenv("PATH", str(folder))
+    return folder
+
+
+@needs("pydot")
+@pytest.mark.parametrize("suffix", ["svg", "png", "pdf"])
+def test_a_rendered_graph_without_graphviz_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      suffix: str) -> None:
+    _path_without_graphviz(tmp_path, monkeypatch)
+    with pytest.raises(UserInputError) as refused:
+        check_output_path("dot", str(tmp_path / f"g.{suffix}"))
+    assert str(refused.value) == (f"writing a .{suffix} graph needs Graphviz's `dot` program, which is not on PATH; "
+                                  "install Graphviz (apt-get install graphviz, brew install graphviz) or write a "
+                                  ".dot file")
+    assert os.listdir(tmp_path) == ["bin"]
+
+
+@needs("pydot")
+def test_dot_text_needs_no_graphviz_and_a_rendered_graph_finds_it_on_path(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _path_without_graphviz(tmp_path, monkeypatch)
+    for name in ("g.dot", "g.gv"):
+        assert check_output_path("dot", str(tmp_path / name)) == str(tmp_path / name)
+    (tmp_path / "bin").rmdir()
+    _path_without_graphviz(tmp_path, monkeypatch, with_dot=True)
+    assert check_output_path("dot", str(tmp_path / "g.png")) == str(tmp_path / "g.png")
+
+
+@needs("pydot", "matplotlib")
+def test_write_files_refuses_a_rendered_graph_without_graphviz_before_drawing_any(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = analyze(MLP, ["2x1000"], mode="inference")
+    _path_without_graphviz(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UserInputError, match="needs Graphviz's `dot` program"):
+        write_files(report, timeline=str(out / "t.svg"), snapshot=str(out / "s.pickle"), dot=str(out / "g.png"))
+    assert os.listdir(out) == []
 
 
 # --- what each kind of destination becomes --------------------------------------------------
