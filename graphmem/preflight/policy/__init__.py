@@ -14,10 +14,13 @@ The rooms, each importing only those before it:
 - ``composite``: the peak of any per-block choice, from four recordings of the step (no block
   checkpointed, every block, every even one, every odd one), storage by storage.
 - ``solve``: the choice with the least recompute under a cap, as an integer program (PuLP's CBC).
-- ``finer``: inside the chosen blocks, the ops whose outputs could be kept, with what each saves
-  (search.py keeps them greedily where the budget leaves room, each step analysed).
+- ``finer``: inside the chosen blocks, the ops whose outputs could be kept, with what each saves.
 - ``gathers``: the bytes FSDP2 all-gathers in backward, from an analysed step.
-- ``search``: the recordings, the solver, and the analysis that verifies what it chose.
+- ``results``: the answer's types (``CheckpointChoice``, ``PolicyPlan``, FSDP2's ``Sharding``).
+- ``verify``: how a choice becomes a job, and the analysis that verifies each choice (made once).
+- ``refine``: the chosen blocks keeping single ops' outputs (finer's items), and under FSDP2 some
+  units their parameters, greedily where the budget leaves room, each step analysed.
+- ``search``: the recordings, the solver, and the verified choice from its front.
 - ``sharding``: under ``--parallel fsdp=N``, FSDP2's ``reshard_after_forward`` chosen with the
   blocks (each setting searched as above; the least recompute, then the least communication).
 
@@ -33,8 +36,10 @@ from graphmem._lazy import lazy_exports
 __all__ = ["CheckpointChoice", "PolicyPlan", "make_policy"]
 
 if TYPE_CHECKING:
-    from graphmem.preflight.policy.search import CheckpointChoice, PolicyPlan, make_policy
+    from graphmem.preflight.policy.results import CheckpointChoice, PolicyPlan
+    from graphmem.preflight.policy.search import make_policy
 
 __getattr__ = lazy_exports(globals(), {
-    "graphmem.preflight.policy.search": ("CheckpointChoice", "PolicyPlan", "make_policy"),
+    "graphmem.preflight.policy.results": ("CheckpointChoice", "PolicyPlan"),
+    "graphmem.preflight.policy.search": ("make_policy",),
 })

@@ -44,15 +44,8 @@ from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.job.parallel import ParallelSpec
 from graphmem.preflight.budget import Budget
-from graphmem.preflight.policy.search import (
-    FRONT_POINTS,
-    PolicyPlan,
-    Sharding,
-    ShardingOption,
-    peak_with,
-    search_policy,
-    units_of,
-)
+from graphmem.preflight.policy.results import PolicyPlan, Sharding, ShardingOption
+from graphmem.preflight.policy.search import FRONT_POINTS, peak_with, search_policy, units_of
 from graphmem.preflight.search import Prediction
 
 __all__ = ["Sharding", "ShardingOption", "choose_setting", "make_sharded_policy"]
