@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from graphmem._torch_api import OP_ERRORS, StorageWeakRef, storage_key
+from graphmem._torch_api import OP_ERRORS, StorageWeakRef, module_buffers, module_parameters, storage_key
 from graphmem.job.devices import cuda_calls_on_cpu
 from graphmem.job.values import keep_value, kept_values
 
@@ -82,7 +82,7 @@ def _moved_to_meta(model: Any) -> Any:
         return memo[id(t)]
 
     for module in model.modules():
-        tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+        tables: tuple[dict[str, Any], ...] = (module_parameters(module), module_buffers(module))
         for table in tables:
             for key, value in table.items():
                 if value is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphmem._torch_api import module_buffers, module_non_persistent_buffers, module_parameters, quantized_on_meta
 from graphmem.errors import UserInputError
 from graphmem.job.choices import QUANTIZED_BASES
 from graphmem.job.lora_spec import LORA_KEYS, LoraSpec, read_lora
@@ -205,14 +206,14 @@ def _load_in(module: nn.Module, dtype: torch.dtype) -> None:
     (non-persistent: rotary frequencies) kept as it computes them.  In place."""
     loaded: dict[int, nn.Parameter] = {}  # tied parameters stay tied
     for sub in module.modules():
-        for name, param in list(sub._parameters.items()):
+        for name, param in list(module_parameters(sub).items()):
             if param is not None and param.is_floating_point():
                 if id(param) not in loaded:
                     loaded[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
-                sub._parameters[name] = loaded[id(param)]
-        for name, buffer in list(sub._buffers.items()):
-            if buffer is not None and buffer.is_floating_point() and name not in sub._non_persistent_buffers_set:
-                sub._buffers[name] = buffer.to(dtype)
+                module_parameters(sub)[name] = loaded[id(param)]
+        for name, buffer in list(module_buffers(sub).items()):
+            if buffer is not None and buffer.is_floating_point() and name not in module_non_persistent_buffers(sub):
+                module_buffers(sub)[name] = buffer.to(dtype)
 
 
 def _quantize_base(module: nn.Module, kind: str, dtype: torch.dtype) -> None:
@@ -241,10 +242,10 @@ def _quantize_base(module: nn.Module, kind: str, dtype: torch.dtype) -> None:
             loaded = torch.empty(layer.weight.shape, dtype=dtype, device="meta")
             if eight_bit:  # row-wise int8 (CB, the weight's own storage) and a float32 scale per row (SCB)
                 attributes = {k: v for k, v in vars(layer.weight).items() if k not in ("CB", "SCB")}
-                layer.weight = Int8Params(loaded, requires_grad=False, **attributes)._quantize("meta")
+                layer.weight = quantized_on_meta(Int8Params(loaded, requires_grad=False, **attributes))
             else:
                 attributes = {k: v for k, v in vars(layer.weight).items() if k != "bnb_quantized"}
-                layer.weight = Params4bit(loaded, requires_grad=False, **attributes)._quantize("meta")
+                layer.weight = quantized_on_meta(Params4bit(loaded, requires_grad=False, **attributes))
                 # inference as on a GPU: not the weight repacked for AVX512-BF16 CPUs' fused kernel
                 layer.support_avx512bf16_for_cpu = False
             if layer.bias is not None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import FakeTensorMode, to_fake
+from graphmem._torch_api import FakeTensorMode, module_buffers, module_parameters, storage_id, to_fake
 from graphmem.job.spec import InputSpec
 from graphmem.job.values import built_value
 from graphmem.records import Role
@@ -58,7 +58,9 @@ def fake_parameters(model: nn.Module, mode: FakeTensorMode, device: torch.device
     names: dict[torch.Tensor, tuple[str, Role]] = {}
     try:
         for prefix, module in model.named_modules():  # once each, a module shared between parents too
-            for table, role in ((module._parameters, Role.PARAMETER), (module._buffers, Role.BUFFER)):
+            tables: tuple[tuple[dict[str, Any], Role], ...] = (
+                (module_parameters(module), Role.PARAMETER), (module_buffers(module), Role.BUFFER))
+            for table, role in tables:
                 for key, value in list(table.items()):
                     if value is None:
                         continue
@@ -95,7 +97,7 @@ def _carry_state(value: torch.Tensor, fake: torch.Tensor, mode: FakeTensorMode, 
 
     def fake_of(item: Any, path: str, depth: int) -> Any:
         if isinstance(item, torch.Tensor):
-            if item.untyped_storage()._cdata == value.untyped_storage()._cdata:
+            if storage_id(item) == storage_id(value):
                 return fake
             if id(item) not in memo:
                 memo[id(item)] = fake_copy(item, mode, device, None)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import autograd_sequence_nr, current_autograd_node
+from graphmem._torch_api import autograd_sequence_nr, current_autograd_node, node_sequence_nr
 from graphmem.records import OpRecord, Phase
 from graphmem.trace.core.storages import StorageBooks
 
@@ -53,7 +53,7 @@ class ModuleTracker:
         variable = getattr(node, "variable", None)  # AccumulateGrad
         if isinstance(variable, torch.Tensor):
             return self._param_module(self.books.track(variable, -1).sid)
-        i = bisect.bisect_left(self._seq_starts, node._sequence_nr())
+        i = bisect.bisect_left(self._seq_starts, node_sequence_nr(node))
         return self._seq_modules[min(i, len(self._seq_modules) - 1)] if self._seq_starts else ""
 
     def _param_module(self, sid: int) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from graphmem._torch_api import tree_flatten, tree_map, unset_fake_temporarily
+from graphmem._torch_api import op_schema, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.errors import UserInputError
 from graphmem.trace.rules.registry import RuleTable, metas, output_shapes
 
@@ -44,7 +44,7 @@ def fresh_outputs(func: Any, out: Any) -> Any:
     """
     if not isinstance(out, tuple) or len(out) < 2:
         return out
-    returns = func._schema.returns
+    returns = op_schema(func).returns
     seen: set[int] = set()
     fixed = list(out)
     for i, item in enumerate(out):

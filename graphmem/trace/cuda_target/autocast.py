@@ -34,7 +34,15 @@ from typing import Any
 
 import torch
 
-from graphmem._torch_api import OpOverload, dispatch_key_guard, is_cached_tensor, ops_with_kernel_for
+from graphmem._torch_api import (
+    OpOverload,
+    destroy_library,
+    dispatch_key_guard,
+    is_cached_tensor,
+    is_view,
+    op_schema,
+    ops_with_kernel_for,
+)
 
 __all__ = ["CUDA_POLICIES", "CastPolicy", "autocast_ops", "cuda_autocast", "cuda_autocast_lists"]
 
@@ -171,7 +179,7 @@ class _CastCache:
             return arg
         # can_try_cache in cached_cast (autocast_mode.cpp)
         if not (to_type == torch.get_autocast_dtype("cpu") and arg.dtype == torch.float32
-                and arg.requires_grad and arg.is_leaf and not arg._is_view()
+                and arg.requires_grad and arg.is_leaf and not is_view(arg)
                 and torch.is_autocast_cache_enabled() and not _is_cached_tensor(arg)
                 and not torch.is_inference_mode_enabled()):
             return arg.to(to_type)
@@ -191,7 +199,7 @@ class _CastCache:
 
 def _bind(packet: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The arguments the dispatcher passed, by schema name (omitted defaults stay omitted)."""
-    names = [a.name for a in packet._schema.arguments]
+    names = [a.name for a in op_schema(packet).arguments]
     return {**dict(zip(names, args, strict=False)), **kwargs}
 
 
@@ -202,7 +210,7 @@ def _cast_all(packet: OpOverload, bound: dict[str, Any],
     # GCC builds of torch evaluate right to left (plain CPU autocast casts F.linear's weight
     # before its input), so the casts are recorded in the real order
     out = dict(bound)
-    for a in reversed(packet._schema.arguments):
+    for a in reversed(op_schema(packet).arguments):
         kind = str(a.type)
         if a.name not in bound or bound[a.name] is None:
             continue
@@ -215,7 +223,7 @@ def _cast_all(packet: OpOverload, bound: dict[str, Any],
 
 def _voters(packet: OpOverload, bound: dict[str, Any]) -> Iterator[Any]:
     # prioritize's overloads: Tensor and TensorList; optional<Tensor> falls to the no-op template
-    for a in packet._schema.arguments:
+    for a in op_schema(packet).arguments:
         kind, value = str(a.type), bound.get(a.name)
         if kind == _TENSOR:
             yield value
@@ -239,7 +247,7 @@ def _promote_type(packet: OpOverload, bound: dict[str, Any], lower: torch.dtype)
 def _set_opt_dtype(packet: OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
     # set_opt_dtype: an optional<ScalarType> the caller left unset becomes float32
     out = dict(bound)
-    for a in packet._schema.arguments:
+    for a in op_schema(packet).arguments:
         if str(a.real_type) == _OPTIONAL_DTYPE and out.get(a.name) is None:
             out[a.name] = torch.float32
     return out
@@ -247,8 +255,8 @@ def _set_opt_dtype(packet: OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
 
 def _append_dtype(packet: OpOverload, bound: dict[str, Any]) -> dict[str, Any]:
     # type_from_firstarg; the redispatch overload takes every argument explicitly
-    first = packet._schema.arguments[0].name
-    out = {a.name: bound.get(a.name, a.default_value) for a in packet._schema.arguments}
+    first = op_schema(packet).arguments[0].name
+    out = {a.name: bound.get(a.name, a.default_value) for a in op_schema(packet).arguments}
     out["dtype"] = torch.float32 if _is_eligible(bound[first]) else bound[first].dtype
     return out
 
@@ -261,7 +269,7 @@ def _run(name: str, policy: CastPolicy, bound: dict[str, Any], casts: _CastCache
     if policy is CastPolicy.FP32:
         return packet(**_cast_all(packet, bound, lambda t: casts.cast(torch.float32, t)))
     if policy is CastPolicy.FP32_SET_OPT_DTYPE:
-        first = bound[packet._schema.arguments[0].name]
+        first = bound[op_schema(packet).arguments[0].name]
         return packet(**(_set_opt_dtype(packet, bound) if _is_eligible(first) else bound))
     if policy is CastPolicy.FP32_APPEND_DTYPE:
         return _packet(_APPEND_DTYPE_REDISPATCH[name])(**_append_dtype(packet, bound))
@@ -321,7 +329,7 @@ class _Overrides:
             torch.clear_autocast_cache = self.torch_clear
             self.torch_clear = None
         for library in self.libraries.values():
-            library._destroy()
+            destroy_library(library)
         self.libraries = {}
         self.casts.clear()
 

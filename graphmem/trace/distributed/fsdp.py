@@ -21,7 +21,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import fsdp1_runtime, fsdp_storage_modules, local_tensor, storage_key
+from graphmem._torch_api import (
+    fsdp1_handle,
+    fsdp1_local_shard,
+    fsdp1_reshard,
+    fsdp1_runtime,
+    fsdp1_sharded_views_skipped,
+    fsdp_lazy_init,
+    fsdp_storage_modules,
+    local_tensor,
+    storage_key,
+)
 from graphmem.errors import UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
@@ -97,7 +107,7 @@ def _initialise_fsdp(model: nn.Module) -> None:
     """
     state = getattr(model, "_get_fsdp_state", None)
     if callable(state):
-        state()._lazy_init()
+        fsdp_lazy_init(state())
 
 
 def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
@@ -165,15 +175,15 @@ def _fsdp1_pointer_checks(modules: Any) -> list[tuple[Any, str, Any]]:
     runtime = fsdp1_runtime()
 
     def catch_all_reshard(state: Any) -> None:
-        handle = state._handle
+        handle = fsdp1_handle(state)
         if handle is None:
             return
         param = handle.flat_param
-        shard = param._local_shard
+        shard = fsdp1_local_shard(param)
         if _same_storage(param, shard) and param.storage_offset() == shard.storage_offset() \
-                and not handle._skipped_use_sharded_views:
+                and not fsdp1_sharded_views_skipped(handle):
             return  # already resharded
-        runtime._reshard(state, handle, runtime._should_free_in_backward(state, handle))
+        fsdp1_reshard(state, handle)
 
     return [(flat, "_same_storage", _same_storage), (flat, "_data_ptr_allocated", _allocated),
             (runtime, "_catch_all_reshard", catch_all_reshard)]

@@ -19,7 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import pipeline_inference_mode, pipeline_warmup_owners
+from graphmem._torch_api import (
+    module_children,
+    pipeline_inference_mode,
+    pipeline_warmup_owners,
+    set_stage_inference_mode,
+    stage_user_meta,
+)
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.patching import patched
@@ -143,7 +149,7 @@ def _replace(model: nn.Module, target: nn.Module) -> None:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if child is target:
-                module._modules[name] = nn.Identity()
+                module_children(module)[name] = nn.Identity()
 
 
 def pipeline_stage_module(model: nn.Module, spec: ParallelSpec, rank: int, fake_mode: Any,
@@ -275,9 +281,9 @@ def pipeline_warmup_known() -> Iterator[None]:
 
     def warmup(self: Any, stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
         for stage in stages:
-            if InferenceMode.needs_dynamic(stage._user_meta, has_backward):
+            if InferenceMode.needs_dynamic(stage_user_meta(stage), has_backward):
                 raise UnsupportedError("--parallel pp: a stage needs shape inference at run time")
-            stage._inference_mode = InferenceMode.STATIC
+            set_stage_inference_mode(stage, InferenceMode.STATIC)
 
     with patched(*((cls, "_warmup_p2p", warmup) for cls in pipeline_warmup_owners())):
         yield

@@ -27,12 +27,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import TorchDispatchMode, fake_process_group_store, local_tensor, tree_flatten
+from graphmem._torch_api import (
+    TorchDispatchMode,
+    fake_process_group_store,
+    local_tensor,
+    meshes_made_for_real,
+    storage_id,
+    tree_flatten,
+)
 from graphmem.errors import UnsupportedError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.trace.distributed.ddp import _ddp, _users_own
 from graphmem.trace.distributed.fsdp import _fully_shard, _initialise_fsdp
-from graphmem.trace.distributed.tensor_parallel import _meshes_made_for_real, _tensor_parallel
+from graphmem.trace.distributed.tensor_parallel import _tensor_parallel
 
 __all__ = ["Applied", "apply_parallel", "fake_process_group", "meta_copy"]
 
@@ -117,7 +124,7 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, fake_mode: Any) -> Appl
             replicate, shard = spec.degree("ddp"), spec.degree("fsdp")
             mesh = (init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
                     if replicate > 1 else init_device_mesh("cpu", (shard,)))
-        with fake_mode, created, _meshes_made_for_real():
+        with fake_mode, created, meshes_made_for_real():
             if tp_mesh is not None:
                 _tensor_parallel(model, spec, tp_mesh)
             if spec.shards:
@@ -127,6 +134,6 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, fake_mode: Any) -> Appl
     with fake_mode, created:
         _initialise_fsdp(wrapped)
     # what construction allocated, still holds, and is no parameter or buffer: DDP's buckets
-    own = {local_tensor(t).untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
-    buffers = [t for t in created.alive() if t.untyped_storage()._cdata not in own and t.untyped_storage().nbytes()]
+    own = {storage_id(local_tensor(t)) for t in [*model.parameters(), *model.buffers()]}
+    buffers = [t for t in created.alive() if storage_id(t) not in own and t.untyped_storage().nbytes()]
     return Applied(model=wrapped, inner=model, buffers=buffers)

@@ -7,42 +7,17 @@ modules' parameters as DTensors holding this rank's shards, in place.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
 
-from graphmem._torch_api import unset_fake_temporarily
 from graphmem.errors import UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.trace.distributed.user_code import _import_function
 
 __all__ = ["tp_plan"]
-
-
-@contextlib.contextmanager
-def _meshes_made_for_real() -> Iterator[None]:
-    """FSDP2 on a tensor-parallel model joins the two meshes (DeviceMesh._concatenate), which
-    indexes a small real tensor of ranks: outside the fake mode."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    original = DeviceMesh.__dict__.get("_concatenate")
-    if original is None:
-        yield
-        return
-    function = original.__func__ if isinstance(original, staticmethod) else original
-
-    def concatenate(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return function(*args, **kwargs)
-
-    DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        DeviceMesh._concatenate = original  # type: ignore[method-assign]
 
 
 def tp_plan(model: nn.Module, spec: ParallelSpec) -> tuple[nn.Module, dict[str, Any]]:

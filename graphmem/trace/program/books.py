@@ -24,10 +24,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphmem._torch_api import (
+    MODULE_APPLY,
     backward_without_hop,
     fakes_take_foreach_paths,
     is_fake,
+    module_apply,
+    module_buffers,
+    module_parameters,
     tree_flatten,
+    unpatched_module_apply,
     unset_fake_temporarily,
 )
 from graphmem.patching import patched
@@ -291,7 +296,7 @@ def _applying(original: Any, recorder: Recorder) -> Any:
         return converted[id(old)][1]
 
     def apply(module: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
-        own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
+        own = [t for t in (*module_parameters(module).values(), *module_buffers(module).values()) if t is not None]
         depth[0] += 1
         try:
             if not any(isinstance(t, torch.Tensor) and (is_fake(t) or is_fake(t.data)) for t in own):
@@ -299,14 +304,14 @@ def _applying(original: Any, recorder: Recorder) -> Any:
                 return result
             if recurse:
                 for child in module.children():
-                    child._apply(fn)
+                    module_apply(child, fn)
             with torch.no_grad():
-                for key, param in module._parameters.items():
+                for key, param in module_parameters(module).items():
                     if param is not None:
-                        module._parameters[key] = convert(param, lambda p: _parameter(p, fn))  # type: ignore[assignment]
-                for key, buffer in module._buffers.items():
+                        module_parameters(module)[key] = convert(param, lambda p: _parameter(p, fn))  # type: ignore[assignment]
+                for key, buffer in module_buffers(module).items():
                     if buffer is not None:
-                        module._buffers[key] = convert(buffer, fn)
+                        module_buffers(module)[key] = convert(buffer, fn)
         finally:
             depth[0] -= 1
             if not depth[0]:
@@ -365,7 +370,8 @@ def hooks(books: Books) -> Iterator[None]:
 
     with patched((torch.autograd, "backward", run_backward), (torch.autograd, "grad", run_grad),
                  (torch.optim.Optimizer, "__init__", optimizer_made), (torch.utils, "swap_tensors", swap_tensors),
-                 (torch, "compile", _eager_compile), (nn.Module, "_apply", _applying(nn.Module._apply, recorder))), \
+                 (torch, "compile", _eager_compile),
+                 (nn.Module, MODULE_APPLY, _applying(unpatched_module_apply(), recorder))), \
             torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), fakes_take_foreach_paths():
         handles = [nn.modules.module.register_module_parameter_registration_hook(
                        lambda module, name, p: recorder.answers.shadows.forget(p) if p is not None else None),

@@ -18,7 +18,12 @@ from typing import Any
 
 import torch
 
-from graphmem._torch_api import fake_process_group_store, process_group_sizes, unset_fake_temporarily
+from graphmem._torch_api import (
+    fake_process_group_store,
+    process_group_sizes,
+    strided_shards_indexed_for_real,
+    unset_fake_temporarily,
+)
 from graphmem.errors import UnsupportedError
 from graphmem.job.fake_gpu import gpus_on_the_node
 from graphmem.job.program import Program
@@ -48,34 +53,6 @@ def _meshes_made_for_real(quiet: Callable[[], AbstractContextManager[Any]],
     # every name it is bound to: FSDP2's default mesh calls the one torch.distributed.tensor imported
     with replaced_everywhere({original: init_device_mesh}, ("init_device_mesh",)):
         yield
-
-
-@contextlib.contextmanager
-def _strided_shards_indexed_for_real(quiet: Callable[[], AbstractContextManager[Any]]) -> Iterator[None]:
-    """Which rows of a dimension a rank holds under a ``_StridedShard`` placement (FSDP2 over
-    tensor parallelism) is worked out from a real ``torch.arange`` of the dimension, split and
-    read back (``local_shard_size_and_offset``): outside the fake mode and unrecorded, as in a
-    real run.  DTensor's random ops on a GPU mesh ask it (the RNG offsets of ``trunc_normal_``
-    on such a parameter, ``OffsetBasedRNGTracker``); a fake holds no indices to read."""
-    try:
-        from torch.distributed.tensor.placement_types import _StridedShard
-    except ImportError:  # a torch without it has nothing to index
-        yield
-        return
-    original = _StridedShard.__dict__.get("local_shard_size_and_offset")
-    if original is None:
-        yield
-        return
-
-    def local_shard_size_and_offset(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily(), quiet():
-            return original(self, *args, **kwargs)
-
-    _StridedShard.local_shard_size_and_offset = local_shard_size_and_offset  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        _StridedShard.local_shard_size_and_offset = original  # type: ignore[method-assign]
 
 
 class _HeldWork:
@@ -162,7 +139,7 @@ def as_rank(program: Program, rank: int, gpu: bool, resized: Callable[[torch.Ten
     # the fake GPU's node (graphmem.job.fake_gpu): torch.cuda's, torch.accelerator's and torch's C hooks' count
     node = gpus_on_the_node(program.nproc_per_node) if gpu else contextlib.nullcontext()
     with environment(program.rank_environment(rank)), node, ddp_on_fakes(world), following_resizes(resized), \
-            _meshes_made_for_real(quiet, held), _strided_shards_indexed_for_real(quiet), _requests_holding_tensors(), \
+            _meshes_made_for_real(quiet, held), strided_shards_indexed_for_real(quiet), _requests_holding_tensors(), \
             _objects_each_rank_keeps(world), \
             replaced_everywhere({start: init_process_group}, ("init_process_group",)):  # DeviceMesh's own name too
         try:

@@ -40,6 +40,7 @@ from torch import nn
 from graphmem import progress
 from graphmem._torch_api import (
     data_loading_in_process,
+    module_children,
     quiet_fake_tensor_logs,
 )
 from graphmem.errors import TraceError
@@ -407,7 +408,7 @@ def _named(cuts: Cuts, books: Books) -> dict[int, int]:
         return [*(t for p in module.parameters() for t in (p, p.grad) if t is not None), *module.buffers()]
 
     cut = cuts.made[0]
-    for b, block in enumerate(cut.container._modules.values()):
+    for b, block in enumerate(module_children(cut.container).values()):
         for t in tensors(block) if block is not None else ():
             sid = storages.sid_of(t)
             if sid is not None:

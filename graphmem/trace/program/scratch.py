@@ -105,26 +105,26 @@ class Scratch:
         through: folders (or files) the program writes for real, as the user asked
             (``graphmem run --write-through``): outside the layer.
         """
-        self._layer = Layer(root, through)
-        self._installed = 0
+        self.layer = Layer(root, through)
+        self.installed = 0  # open ``layered`` blocks
         _forked_children_unlock(self)
 
     @property
     def root(self) -> str:
         """The layer's folder (symlinks resolved)."""
-        return self._layer.root
+        return self.layer.root
 
     @property
     def tmp(self) -> str:
         """The program's temporary folder, ``<root>/tmp``, written for real."""
-        return self._layer.tmp
+        return self.layer.tmp
 
     def detach(self, root: str) -> None:
         """In a process forked from the one running the program (a forked try): copy the
         layer's files to the new folder ``root`` and continue there, so the parent's layer is
         untouched.  The old root is no longer outside the layer: the child reads it as real
         files and writes its own copies."""
-        layer = self._layer
+        layer = self.layer
         layer.lock = threading.RLock()  # the parent's may have been held by another thread
         with layer.lock:
             layer.settle(root)
@@ -132,21 +132,21 @@ class Scratch:
             layer.tree.forget_links()
             if layer.cwd is not None:
                 changes.chdir(layer, layer.cwd[1], layer.cwd[1])
-        if self._installed:
+        if self.installed:
             tempfile.tempdir = layer.tmp
             os.environ.update(dict.fromkeys(_TEMPORARY, layer.tmp))
 
     def changes(self) -> tuple[Change, ...]:
         """What the program did to the file system, in the order it first did each thing
         (each path and action once), with the sizes of the files as it left them."""
-        with self._layer.lock:
-            logged = list(self._layer.log)
+        with self.layer.lock:
+            logged = list(self.layer.log)
         return tuple(Change(path, action, self._size(to or path, action), to) for path, action, to in logged)
 
     def _size(self, path: str, action: str) -> int:
         if action in _NO_BYTES:
             return 0
-        found = self._layer.found(self._layer.locate(path, True))
+        found = self.layer.found(self.layer.locate(path, True))
         return found.st_size if found is not None and stat.S_ISREG(found.st_mode) else 0
 
 
@@ -174,7 +174,7 @@ def layered(scratch: Scratch) -> Iterator[None]:
     """Inside, Python's file calls go through ``scratch``'s layer and the temporary folder is
     ``scratch.tmp``; on exit (an exception too) every replaced name holds its original again.
     One layer at a time: blocks are not nested."""
-    layer = scratch._layer
+    layer = scratch.layer
     table = _replacements(layer)
     names = tuple(sorted({function.__name__ for function in table} | set(_OPEN_ALIASES)))
     tmp = layer.tmp
@@ -185,13 +185,13 @@ def layered(scratch: Scratch) -> Iterator[None]:
         # importlib writes bytecode through posix, beside the program's own modules: not inside
         stack.enter_context(patched((tempfile, "tempdir", tmp), (sys, "dont_write_bytecode", True)))
         stack.enter_context(environment(dict.fromkeys(_TEMPORARY, tmp)))
-        scratch._installed += 1
+        scratch.installed += 1
         stack.callback(_uninstall, scratch)
         yield
 
 
 def _uninstall(scratch: Scratch) -> None:
-    scratch._installed -= 1
+    scratch.installed -= 1
 
 
 def _posix_kept(table: dict[Any, Any], names: tuple[str, ...]) -> list[tuple[Any, str, Any]]:
@@ -242,4 +242,4 @@ def _forked_children_unlock(scratch: Scratch) -> None:
 
 def _new_locks() -> None:
     for scratch in list(_LIVE):
-        scratch._layer.lock = threading.RLock()
+        scratch.layer.lock = threading.RLock()

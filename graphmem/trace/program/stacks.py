@@ -31,6 +31,7 @@ from typing import Any
 
 from torch import nn
 
+from graphmem._torch_api import module_children, set_module_children
 from graphmem.trace.repeat.blocks import find_stack
 from graphmem.trace.repeat.layout import KEEP
 
@@ -100,7 +101,7 @@ class _Builds:
         if self.cuts.made or self.quiet or not self.depth or self.cuts.decided is False:
             return False
         for container in self.containers:
-            children = list(container._modules.values())
+            children = list(module_children(container).values())
             if len(children) >= KEEP and all(type(c) is type(module) for c in children[1:]):
                 if self.cuts.decided is None:
                     self.cuts.decided = self.cuts.decide()
@@ -115,12 +116,12 @@ class _Builds:
             return
         stack = find_stack(module, program=True)
         if stack is not None and stack.length > KEEP and unrecorded and any(stack.container is c for c in containers):
-            blocks = list(stack.container._modules.values())
+            blocks = list(module_children(stack.container).values())
             if len(unrecorded) == len(blocks) - KEEP \
                     and all(a is b for a, b in zip(blocks[KEEP:], unrecorded, strict=True)):
-                keys = list(stack.container._modules)[:KEEP]
-                stack.container._modules = type(stack.container._modules)(
-                    (key, stack.container._modules[key]) for key in keys)
+                keys = list(module_children(stack.container))[:KEEP]
+                children = module_children(stack.container)
+                set_module_children(stack.container, type(children)((key, children[key]) for key in keys))
                 self.cuts.made.append(Cut(container=stack.container, length=stack.length, model=module))
                 return
         if unrecorded:
@@ -137,7 +138,7 @@ def cutting_stacks(cuts: Cuts, silenced: Callable[[], AbstractContextManager[Non
 
     def wrap(cls: type) -> None:
         own = cls.__dict__.get("__init__")
-        if own is None or getattr(own, "_graphmem_built", False) or not callable(own):
+        if own is None or getattr(own, "graphmem_built", False) or not callable(own):
             return
 
         @functools.wraps(own)
@@ -156,7 +157,7 @@ def cutting_stacks(cuts: Cuts, silenced: Callable[[], AbstractContextManager[Non
             if not builds.depth:
                 builds.built(self)
 
-        init._graphmem_built = True  # type: ignore[attr-defined]
+        init.graphmem_built = True  # type: ignore[attr-defined]
         cls.__init__ = init  # type: ignore[misc]
         wrapped.append((cls, own))
 

@@ -33,7 +33,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from graphmem._torch_api import pipeline_backward_meta, pipeline_inference_mode, pipeline_warmup_owners
+from graphmem._torch_api import (
+    pipeline_backward_meta,
+    pipeline_inference_mode,
+    pipeline_warmup_owners,
+    set_stage_inference_mode,
+    stage_peer_rank,
+    stage_same_rank,
+    stage_user_meta,
+)
 from graphmem.patching import patched, when_imported
 
 __all__ = ["Exchange", "Exchanged", "Key", "Mailbox", "Waits", "exchanging_stage_messages"]
@@ -119,7 +127,7 @@ class Exchange:
 
 def _ranks(stage: Any) -> tuple[int, dict[int, int]]:
     """This stage's global rank, and every stage's."""
-    peers = {s: stage._resolve_peer_global_rank(s) for s in range(stage.num_stages)}
+    peers = {s: stage_peer_rank(stage, s) for s in range(stage.num_stages)}
     return peers[stage.stage_index], peers
 
 
@@ -175,21 +183,21 @@ def _stages_exchanging(exchange: Exchange) -> Iterator[None]:
         acc = 1
         for stage in stages:  # the vote, first stage to last: 1 where every stage knows its shapes
             me, peers = note_stages(stage)
-            vote = 0 if InferenceMode.needs_dynamic(stage._user_meta, has_backward) else 1
-            if not stage.is_first and not stage._is_same_rank(stage.stage_index - 1):
+            vote = 0 if InferenceMode.needs_dynamic(stage_user_meta(stage), has_backward) else 1
+            if not stage.is_first and not stage_same_rank(stage, stage.stage_index - 1):
                 prev = stage.stage_index - 1
                 key = exchange.key("vote", prev, stage.stage_index, peers[prev], me)
                 found, acc = exchange.mailbox.find(key)
                 if not found:
                     raise Waits(key)
             acc *= vote
-            if not stage.is_last and not stage._is_same_rank(stage.stage_index + 1):
+            if not stage.is_last and not stage_same_rank(stage, stage.stage_index + 1):
                 nxt = stage.stage_index + 1
                 exchange.sent[exchange.key("vote", stage.stage_index, nxt, me, peers[nxt])] = acc
         result = acc
         for stage in reversed(stages):  # its outcome, last stage to first
             me, peers = note_stages(stage)
-            if not stage.is_last and not stage._is_same_rank(stage.stage_index + 1):
+            if not stage.is_last and not stage_same_rank(stage, stage.stage_index + 1):
                 nxt = stage.stage_index + 1
                 key = exchange.key("outcome", nxt, stage.stage_index, peers[nxt], me)
                 found, message = exchange.mailbox.find(key)
@@ -197,10 +205,10 @@ def _stages_exchanging(exchange: Exchange) -> Iterator[None]:
                     result = message
                 else:
                     exchange.assumed[key] = result
-            if not stage.is_first and not stage._is_same_rank(stage.stage_index - 1):
+            if not stage.is_first and not stage_same_rank(stage, stage.stage_index - 1):
                 prev = stage.stage_index - 1
                 exchange.sent[exchange.key("outcome", stage.stage_index, prev, me, peers[prev])] = result
-            stage._inference_mode = InferenceMode.STATIC if result == 1 else InferenceMode.DYNAMIC
+            set_stage_inference_mode(stage, InferenceMode.STATIC if result == 1 else InferenceMode.DYNAMIC)
         return None
 
     targets = pipeline_warmup_owners()

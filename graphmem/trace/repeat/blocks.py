@@ -34,6 +34,8 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from graphmem._torch_api import module_buffers, module_children, module_parameters, set_module_children
+
 __all__ = ["Stack", "find_stack", "cut_to"]
 
 MIN_BLOCKS = 6  # below this, recording four blocks and checking them saves little
@@ -171,7 +173,7 @@ def _signature(block: nn.Module, loose: bool = False) -> list[tuple[str, Any]] |
             return None
         items.append((f"{name}:class", type(module)))
         items += [(f"{name}:pruned", (type(hook), vars(hook))) for hook in pruning]
-        for kind, table in (("p", module._parameters), ("b", module._buffers)):
+        for kind, table in (("p", module_parameters(module)), ("b", module_buffers(module))):
             for key, t in table.items():
                 items.append((f"{name}.{key}:{kind}", None if t is None else
                               (type(t), tuple(t.shape), t.dtype, t.requires_grad)))
@@ -279,12 +281,12 @@ def _same_hidden(a: nn.Module, b: nn.Module, position: int, depth: int, loose: b
 def cut_to(stack: Stack, keep: int) -> Iterator[None]:
     """Run with ``stack`` holding only its first ``keep`` blocks; restored after."""
     container = stack.container
-    saved = container._modules
-    container._modules = type(saved)((key, saved[key]) for key in list(saved)[:keep])
+    saved = module_children(container)
+    set_module_children(container, type(saved)((key, saved[key]) for key in list(saved)[:keep]))
     try:
         yield
     finally:
-        container._modules = saved
+        set_module_children(container, saved)
         kept = list(saved.values())[keep - 1]
         for block in list(saved.values())[keep:]:  # as model.train()/eval() in the recording left the kept
             if block is not None and kept is not None:

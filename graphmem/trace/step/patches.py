@@ -17,12 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphmem._torch_api import TENSOR_CHECK, check_with, is_fake, storage_key, tensor_check
+from graphmem._torch_api import TENSOR_CHECK, all_true, check_with, is_fake, module_buffers, storage_key, tensor_check
 from graphmem.patching import patched
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.distributed import following_resizes
 
 __all__ = ["CHECK_PASSED", "fresh_caches", "recording_patches", "recursion_room"]
+
+# the type of what functools.lru_cache (and functools.cache) wraps a function in
+_LRU_CACHED = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 CHECK_PASSED = ("the model asserts a condition on its values (torch._check_tensor_all, as transformers' "
                 "torch_compilable_check calls it); taken to hold, as it does in every run that completes")
@@ -41,7 +44,7 @@ def _buffers_replaced(recorder: Recorder) -> Iterator[None]:
     """While recording, tell ``recorder`` of each buffer the model assigns over (I-BERT's
     quantizers keep their running range so: ``self.x_min = torch.min(self.x_min, x_min)``)."""
     def hook(module: nn.Module, name: str, value: Any) -> None:
-        old = module._buffers.get(name)
+        old = module_buffers(module).get(name)
         if isinstance(old, torch.Tensor):
             recorder.books.buffer_replaced(old, value)
 
@@ -62,7 +65,7 @@ def _checks_pass(recorder: Recorder) -> contextlib.AbstractContextManager[None]:
 
     def check(error_type: Any, cond: Any, message: Any = None) -> None:
         if isinstance(cond, torch.Tensor) and is_fake(cond) and cond.dtype == torch.bool:
-            result = cond._is_all_true()
+            result = all_true(cond)
             if shadows.get(result) is not None:  # known: checked as torch checks it
                 check_with(error_type, bool(result.item()), message)
             elif CHECK_PASSED not in recorder.assumptions:
@@ -129,7 +132,7 @@ def fresh_caches(model: nn.Module) -> None:
         if id(value) in seen or depth > 2:
             return
         seen.add(id(value))
-        if isinstance(value, functools._lru_cache_wrapper):
+        if isinstance(value, _LRU_CACHED):
             value.cache_clear()
         for cell in getattr(value, "__closure__", None) or ():
             with contextlib.suppress(ValueError):  # an empty cell

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphmem._torch_api import schedule_stage
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.step import StepConfig
@@ -98,7 +99,7 @@ def run_pipeline(run: StepRun, pipeline: Pipeline) -> int:
             else:
                 schedule.step()
             if iteration == 0:
-                _mark_receive_buffers(schedule._stage, recorder)
+                _mark_receive_buffers(schedule_stage(schedule), recorder)
             mark_gradients(loop)
             optimizer_step(loop)
             del losses
@@ -108,7 +109,7 @@ def run_pipeline(run: StepRun, pipeline: Pipeline) -> int:
 
 def _phase_the_schedule(schedule: Any, last: bool, recorder: Recorder) -> None:
     """The stage's forward, backward and (on the last stage) loss set the recorder's phase."""
-    stage = schedule._stage
+    stage = schedule_stage(schedule)
     wrapped = [(stage, "forward_one_chunk", Phase.FORWARD), (stage, "backward_one_chunk", Phase.BACKWARD),
                (stage, "backward_weight_one_chunk", Phase.BACKWARD)]
     if last:  # the schedule asks every stage; only the last computes a loss

@@ -28,6 +28,7 @@ from graphmem._torch_api import (
     fake_like,
     hint_of,
     outside_modes,
+    sparse_nnz,
     tree_flatten,
     tree_map,
     unset_fake_temporarily,
@@ -253,7 +254,7 @@ class ValueAnswers:
         if self.shadows.answerable(args, kwargs):
             real = self.shadows.run(func, args, kwargs)
             with unset_fake_temporarily():  # (the fake mode would make it a fake first, of none)
-                nnz = real._nnz()
+                nnz = sparse_nnz(real)
             self.shadows.used |= self.shadows.sources(args, kwargs)
         else:
             most = most_elements(args[0], out)
@@ -262,7 +263,7 @@ class ValueAnswers:
             note = self._bound_note(func.__name__.split(".")[0], "", nnz, most)
             if note not in self.notes:
                 self.notes.append(note)
-        if nnz == hint_of(out._nnz()) and not (is_sparse(out) and out.layout is not torch.sparse_coo):
+        if nnz == hint_of(sparse_nnz(out)) and not (is_sparse(out) and out.layout is not torch.sparse_coo):
             return out
         return fake_like(out, with_elements(out, nnz, args[0]))
 

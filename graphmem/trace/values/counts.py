@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphmem._torch_api import hint_of
+from graphmem._torch_api import hint_of, op_schema, version_of
 from graphmem.trace.rules import ops
 
 aten = torch.ops.aten
@@ -60,7 +60,7 @@ class _Positions:
 
     def of(self, t: torch.Tensor) -> bool:
         """Whether these are positions of ``t`` as it is now."""
-        return self.base() is t and t._version == self.version
+        return self.base() is t and version_of(t) == self.version
 
 
 def _meets(a: _Range, b: _Range) -> bool:
@@ -69,7 +69,7 @@ def _meets(a: _Range, b: _Range) -> bool:
 
 def _version_after(func: Any, t: torch.Tensor) -> int:
     """``t``'s version once ``func`` returns: autograd counts an in-place write after the op."""
-    return t._version + (1 if func._schema.is_mutable else 0)
+    return version_of(t) + (1 if op_schema(func).is_mutable else 0)
 
 
 class NonzeroCounts:
@@ -138,7 +138,7 @@ class NonzeroCounts:
         if not isinstance(t, torch.Tensor):
             return None
         found = facts.get(t)
-        return found[0] if found is not None and found[1] == t._version else None
+        return found[0] if found is not None and found[1] == version_of(t) else None
 
     def _by_value(self, func: Any, args: tuple[Any, ...]) -> int | None:
         """A comparison of values in groups: the groups whose range it can meet."""
@@ -151,7 +151,8 @@ class NonzeroCounts:
     def _follow(self, func: Any, args: tuple[Any, ...], out: Any, count: int | None) -> None:
         x: Any = args[0] if args else None
         if func in ops.COMPARISONS and _integer_comparison(args) and x.dim() == 1:
-            self._set(self._compared, func, out, _Positions(weakref.ref(x), x._version, ops.COMPARISONS[func](args[1])))
+            positions = _Positions(weakref.ref(x), version_of(x), ops.COMPARISONS[func](args[1]))
+            self._set(self._compared, func, out, positions)
         elif func in ops.COLUMNS:
             self._columns(func, args, out)
         elif func == aten.index.Tensor:

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from graphmem._torch_api import hint_of, outside_modes
+from graphmem._torch_api import coo_parts, hint_of, outside_modes, sparse_nnz
 
 __all__ = ["SPARSE_CONVERSIONS", "is_sparse", "most_elements", "parts", "with_elements"]
 
@@ -40,7 +40,7 @@ def parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     taken with no dispatch mode active: asking is no op of the program's."""
     with outside_modes():
         if t.layout is torch.sparse_coo:
-            return t._indices(), t._values()
+            return coo_parts(t)
         if t.layout in _COMPRESSED_ROWS:
             return t.crow_indices(), t.col_indices(), t.values()
         return t.ccol_indices(), t.row_indices(), t.values()
@@ -51,7 +51,7 @@ def most_elements(source: torch.Tensor, out: torch.Tensor) -> int:
     a sparse ``source``; else one for each position of its sparse dimensions (blocks for BSR and
     BSC), every element not zero."""
     if is_sparse(source):
-        return hint_of(source._nnz())
+        return hint_of(sparse_nnz(source))
     if out.layout is torch.sparse_coo:
         return math.prod(hint_of(d) for d in out.shape[:out.sparse_dim()])
     compressed, _, values = parts(out)
