@@ -1,10 +1,9 @@
 """analyze(): the stages in order — job, load, trace, liveness, memory model — nothing else;
-analyze_curve(): the same with the size symbol recorded once for every value."""
+analyze_curve(): the same with the size symbol recorded once for every value; run_program():
+a program's ranks recorded as it runs, each analysed the same way (graphmem.memory.analyse)."""
 
 from __future__ import annotations
 
-import inspect
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -12,49 +11,21 @@ from typing import Any
 
 import torch
 
-from graphmem import interrupts, progress
+from graphmem import progress
 from graphmem._torch_api import OP_ERRORS, OpOverload
-from graphmem.cuda.alloc_conf import AllocatorConfig, alloc_conf_from_environment, parse_alloc_conf
-from graphmem.cuda.gpus import GPU, get_gpu
-from graphmem.cuda.nccl import nccl_buffer_bytes
-from graphmem.errors import GraphmemError, TraceError, UserInputError
-from graphmem.job.assume import Assumptions
-from graphmem.job.finetune import count_trained, prepare_finetuning
+from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.job import DEFAULT_GPU, Job, make_job
-from graphmem.job.load import ModelSource, construct_model, resolve_target
-from graphmem.job.program import Program, make_program
-from graphmem.job.spec import (
-    GenerateSpec,
-    InputSpec,
-    input_symbol,
-    parse_input_spec,
-    spec_at,
-    substitute,
-    validate_inputs,
-)
-from graphmem.job.step import StepConfig, resolve_optimizer
-from graphmem.memory.cuda_replay import model_cuda_allocator
-from graphmem.memory.liveness import POLICIES, compute_lifetimes
-from graphmem.memory.mode_report import build_mode_report
-from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
-from graphmem.records import FileChange, Phase, Trace
-from graphmem.trace import (
-    CudaKernels,
-    Exchanged,
-    GpuMemory,
-    GpuTarget,
-    Mailbox,
-    Recording,
-    Waits,
-    distinct_ranks,
-    forks_ranks,
-    record_ranks,
-    record_step,
-    trace_at,
-    trace_program,
-)
-from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.workers import fork_each, fork_map, forked_autograd_works, processes
+from graphmem.job.load import ModelSource
+from graphmem.job.program import Program, make_program, program_ranks
+from graphmem.job.spec import InputSpec, input_symbol, parse_input_spec, spec_at, substitute, validate_inputs
+from graphmem.memory.analyse import CudaSetup, allocator_again, analyse, highest_first
+from graphmem.memory.liveness import POLICIES
+from graphmem.memory.results import MemoryReport, ModeReport, RankReport
+from graphmem.modes import Built, build, report_modes
+from graphmem.records import Trace
+from graphmem.trace import CudaKernels, Recording, record_step, trace_at
+from graphmem.trace.program import GpuMemory, GpuTarget, Launched, ProgramTrace, record_program
+from graphmem.trace.rules import Rule, rules_for
 
 __all__ = ["PeakCurve", "analyze", "analyze_curve", "run_program"]
 
@@ -106,9 +77,9 @@ def analyze(job: Job | str | ModelSource | None = None,
     job = _resolved(job, inputs, keywords, policy)
     if input_symbol(job.inputs) is not None:
         validate_inputs(job.inputs, symbolic=False)
-    built = _build(job, rules)
-    return _report(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs], fork_ranks=True,
-                   checkpoint_comparison=checkpoint_comparison)
+    built = build(job, rules)
+    return report_modes(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs],
+                        fork_ranks=True, checkpoint_comparison=checkpoint_comparison)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +96,7 @@ class PeakCurve:
     hint: int
     traces: tuple[Trace, ...]
     policy: str
-    built: _Built
+    built: Built
 
     @property
     def exact(self) -> bool:
@@ -146,11 +117,12 @@ class PeakCurve:
                              f"{self.symbol}={self.hint} holds for")
         traces = iter(self.traces)
 
-        def replay(*args: Any, **kwargs: Any) -> Trace:  # the recordings, in the order _report asks for them
+        def replay(*args: Any, **kwargs: Any) -> Trace:  # the recordings, in the order report_modes asks for them
             trace = next(traces)
             return trace if value == self.hint else trace_at(trace, value)
         job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
-        return _report(job, self.built, self.policy, replay, [spec_at(t, self.symbol, value) for t in self.job.inputs])
+        specs = [spec_at(t, self.symbol, value) for t in self.job.inputs]
+        return report_modes(job, self.built, self.policy, replay, specs)
 
 
 def analyze_curve(job: Job | str | ModelSource | None = None,
@@ -171,7 +143,7 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
     assert symbol is not None, "analyze_curve: validate_inputs returned no symbol"
     if hint < 2:
         raise UserInputError(f"a curve is recorded at {symbol} >= 2 (sizes 0 and 1 are special cases); got {hint}")
-    built = _build(job, rules)
+    built = build(job, rules)
     recorded: list[Trace] = []
     formula = job.generate is None and job.parallel is None
 
@@ -186,7 +158,7 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
         return recorded[-1]
 
     at_hint = replace(job, inputs=tuple(substitute(t, symbol, hint) for t in job.inputs))
-    _report(at_hint, built, policy, record, [spec_at(t, symbol, hint) for t in job.inputs])
+    report_modes(at_hint, built, policy, record, [spec_at(t, symbol, hint) for t in job.inputs])
     return PeakCurve(job=job, symbol=symbol, hint=hint, traces=tuple(recorded), policy=policy, built=built)
 
 
@@ -204,129 +176,6 @@ def _resolved(job: Job | str | ModelSource | None, inputs: Any, keywords: dict[s
     if job.model is None:
         raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
     return job
-
-
-@dataclass(frozen=True, slots=True)
-class _Built:
-    """What every recording of a job shares: the built model and the target's rules."""
-
-    module: torch.nn.Module
-    dtype: torch.dtype | None
-    step: StepConfig
-    cuda: tuple[GPU, AllocatorConfig] | None
-    table: RuleTable
-    assume: Assumptions
-    modeled: frozenset[str]
-    notes: tuple[str, ...]
-
-
-def _build(job: Job, rules: Mapping[OpOverload, Rule] | None) -> _Built:
-    """Build the model (on the meta device), apply fine-tuning, resolve the target."""
-    step, cuda = job.step, _cuda_target(job)
-    if cuda is not None:
-        step = replace(step, optimizer_impl=_cuda_default_impl(step))
-    assert job.model is not None, "_build: a resolved job has a model"
-    source = resolve_target(job.model) if isinstance(job.model, str) else job.model
-    progress.show(f"building {job.target_name}")
-    built = construct_model(source, job.model_kwargs, job.hf_config, device=job.device)
-    module = prepare_finetuning(built.module, job.freeze, job.lora, dtype=job.dtype,
-                                owned=not isinstance(source, torch.nn.Module), quantize=job.quantize_base)
-    dtype = None if job.lora is not None else job.dtype  # LoRA: converted before peft, as trainers do
-    interrupts.check()
-    table = rules_for(job.device, rules)
-    return _Built(module=module, dtype=dtype, step=step, cuda=cuda, table=table, assume=Assumptions.of(job.assume),
-                  modeled=frozenset(str(op) for op in table.scratch),
-                  notes=(built.note,) if built.note else ())  # how it was built, when not on the meta device
-
-
-def _report(job: Job, built: _Built, policy: str, trace_of: Callable[..., Trace],
-            specs: list[InputSpec], *, fork_ranks: bool = False, checkpoint_comparison: bool = True) -> MemoryReport:
-    """Record (``trace_of``, with graphmem.trace.repeat.record_step's arguments) each mode the job asks
-    for, then the liveness pass and the memory model on each trace.  ``fork_ranks``: the distinct ranks of a
-    parallel job are recorded side by side: ZeRO-1's from one shared beginning
-    (graphmem.trace.ranks.record_ranks), others in worker processes (graphmem.workers) when
-    there are cores for them;
-    ``checkpoint_comparison``: a checkpointed step is also analysed without checkpointing."""
-    module, step, cuda, dtype = built.module, built.step, built.cuda, built.dtype
-
-    def recording(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int = 0) -> Recording:
-        return Recording(inputs=tuple(inputs or specs), mode=m, step=config, device=job.device, dtype=dtype,
-                         rules=built.table, assume=built.assume, parallel=job.parallel, rank=rank,
-                         sample=job.sample.by_name if job.sample else {})
-
-    def record(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int,
-               kernels: CudaKernels | None) -> Trace:
-        return trace_of(module, recording(m, config, inputs, rank), cuda=kernels)
-
-    def one(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> ModeReport:
-        kernels = CudaKernels(cuda[0], job.sdpa) if cuda else None
-        what = {"train": "the training step", "inference": "inference"}.get(m, m)
-        progress.show(f"recording {what}" + (f" on rank {rank}" if job.parallel is not None else ""))
-        trace = record(m, config, inputs, rank, kernels)
-        return analysed(trace, dict(kernels.backends) if kernels else None)
-
-    def analysed(trace: Trace, backends: dict[str, int] | None) -> ModeReport:
-        interrupts.check()
-        progress.show(f"analysing {len(trace.ops):,} ops")
-        report = build_mode_report(trace, compute_lifetimes(trace, policy), set(built.modeled))
-        interrupts.check()
-        report = replace(report, assumptions=(*report.assumptions, *built.notes))
-        if cuda is None or backends is None:  # (kernels exist exactly when cuda does)
-            return report
-        return replace(report, allocator=model_cuda_allocator(report, *cuda, parallel=job.parallel),
-                       sdpa_backends=backends)
-
-    def graph(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None, rank: int) -> torch.fx.Graph:
-        """A rank's fx graph, recorded again here (it was recorded in another process)."""
-        return record(m, config, inputs, rank, CudaKernels(cuda[0], job.sdpa) if cuda else None).graph
-
-    def rank_reports(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None,
-                     ranks: list[int]) -> list[ModeReport]:
-        if fork_ranks and m == "train" and forks_ranks(job.parallel, ranks):  # ZeRO-1: the ranks share their beginning
-            progress.show(f"recording the training step on ranks {', '.join(map(str, ranks))}")
-            made = record_ranks(module, recording(m, config, inputs), ranks,
-                                cuda=CudaKernels(cuda[0], job.sdpa) if cuda else None)
-            reports = [analysed(trace, backends) for trace, backends in made]
-            here = 1  # the first rank was recorded in this process: its graph is here
-        elif fork_ranks and len(ranks) > 1 and processes() > 1 and forked_autograd_works():  # each in a worker
-            reports = fork_map(lambda r: with_graph(one(m, config, inputs, r), torch.fx.Graph()), ranks,
-                               what="recording a rank")
-            here = 0
-        else:
-            return [one(m, config, inputs, rank) for rank in ranks]
-        return reports[:here] + [with_graph(report, partial(graph, m, config, inputs, rank))
-                                 for report, rank in zip(reports[here:], ranks[here:], strict=True)]
-
-    def run(m: str, config: StepConfig, inputs: Sequence[InputSpec] | None = None) -> ModeReport:
-        if job.parallel is None:
-            return one(m, config, inputs, 0)
-        distinct = distinct_ranks(module, job.parallel)
-        reports = rank_reports(m, config, inputs, [rank for rank, _ in distinct])
-        ranks = [RankReport(rank, alike, report) for report, (rank, alike) in zip(reports, distinct, strict=True)]
-        ranks.sort(key=lambda r: (-r.report.budget_peak_bytes, r.rank))
-        return replace(ranks[0].report, ranks=tuple(ranks))
-
-    gpu = cuda[0] if cuda else None
-    if job.generate is not None:
-        gen = job.generate
-        return MemoryReport(target=job.target_name, device=job.device,
-                            inputs=(f"generate {gen.prompt}+{gen.new} x {gen.batch}",),
-                            inference=None, train=None, gpu=gpu,
-                            generate=_generation(gen, lambda m, s: run(m, step, s)))
-    inference = run("inference", step) if job.mode in ("inference", "both") else None
-    labelled = _labels_from_ids(module, specs, step)
-    train = run("train", step, labelled) if job.mode in ("train", "both") else None
-    baseline = (run("train", replace(step, checkpoint=()), labelled)
-                if train and step.checkpoint and checkpoint_comparison else None)
-    if labelled and train is not None:
-        note = ("training: no labels were given, so the input ids are used as labels (a copy, as causal "
-                "language-model trainers pass them); give labels=... or --loss to change it")
-        train = replace(train, assumptions=(*train.assumptions, note))
-    return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
-                        inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
-                        parallel=job.parallel.text if job.parallel else None,
-                        loss=step.loss if train is not None else None,
-                        trained=count_trained(module, _finetune_text(job)) if train is not None else None)
 
 
 def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int = 2, module: bool = False,
@@ -350,9 +199,9 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         nproc_per_node, nnodes: processes per node and nodes, as ``torchrun --nproc-per-node
             --nnodes`` starts them, one process included (with a string ``program``; a ``Program``
             carries its own); neither given: one process, as ``python`` starts it.
-        ranks: which to record: ``auto`` (rank 0, the last, and the first rank of each
-            pipeline stage), ``all``, or a list (and any rank whose pipeline stage another
-            recorded rank waits for: graphmem.trace.program.stage_messages).
+        ranks: which to record (``auto``: a ``Program``'s own): ``auto`` (rank 0, the last,
+            and the first rank of each pipeline stage), ``all``, or a list (and any rank whose
+            pipeline stage another recorded rank waits for: graphmem.trace.program.stage_messages).
         policy: storage release policy (graphmem.memory.liveness).
         write_through: paths the program writes for real (with a string ``program``); every
             other write goes to a layer of its own, dropped after the run.
@@ -362,7 +211,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         with several processes the rank with the highest peak, each recorded rank in ``ranks``.
 
     Raises:
-        UserInputError: no such script, ``steps`` < 1, an unknown GPU.
+        UserInputError: no such script, ``steps`` < 1, a rank outside the world, an unknown GPU.
         TraceError: the program raised, or ended before its first optimizer step.
     """
     device = "cuda" if gpu is not None else device
@@ -370,78 +219,62 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
     if isinstance(program, str):
         program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
-                               nnodes=nnodes, write_through=tuple(write_through))
-    scratch = {str(op) for op in rules_for(device).scratch}
-    cuda = _gpu_and_allocator(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
-    chosen = program_ranks(ranks, program.world_size)
+                               nnodes=nnodes, write_through=tuple(write_through), ranks=ranks)
+    elif ranks != "auto":  # in place of the Program's own
+        program = replace(program, ranks=program_ranks(ranks, program.world_size))
+    modeled = frozenset(str(op) for op in rules_for(device).scratch)
+    cuda = CudaSetup.of(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
+    memory = partial(_gpu_memory, cuda=cuda, policy=policy, modeled=modeled)
+    launched = record_program(program, partial(_gpu_target, cuda, sdpa, memory) if cuda is not None else None)
+    reports = {rank: _rank_report(traced, policy, modeled, cuda) for rank, traced in launched.traces.items()}
+    return _program_report(program, device, cuda, launched, reports)
 
-    def one(rank: int, mailbox: Mailbox, cut: bool = False) -> _RankRun:
-        target = None
-        if cuda is not None:
-            def memory(trace: Trace, since: int) -> GpuMemory:
-                if not trace.ops:  # asked before the program ran an op: nothing allocated yet
-                    return GpuMemory(0, 0, 0, 0)
-                report = build_mode_report(trace, compute_lifetimes(trace, policy), scratch)
-                stats = model_cuda_allocator(report, *cuda)
-                allocated, reserved = stats.peaks_from(since)
-                return GpuMemory(stats.allocated_end_bytes, stats.reserved_end_bytes, allocated, reserved)
 
-            target = GpuTarget(cuda[0].product, cuda[0].total_memory_bytes, cuda[0].compute_capability,
-                               CudaKernels(cuda[0], sdpa), memory)
-        progress.show(f"running {program.command}" + (f" as rank {rank}" if program.world_size > 1 else "")
-                      + (", its model's repeated blocks recorded once" if cut else ""))
-        traced = trace_program(program, gpu=target, rank=rank, cut=cut, mailbox=mailbox)
-        progress.show(f"analysing {len(traced.trace.ops):,} ops")
-        report = build_mode_report(traced.trace, compute_lifetimes(traced.trace, policy), scratch)
-        if cuda is not None and target is not None:
-            stats = model_cuda_allocator(report, *cuda)
-            if traced.communicators:  # NCCL's own buffers, one set per communicator, outside the allocator
-                stats = replace(stats, nccl_buffer_bytes=nccl_buffer_bytes(traced.communicators))
-            report = replace(report, allocator=stats, sdpa_backends=dict(target.kernels.backends))
-        return _RankRun(report, traced.models[0] if traced.models else program.target, traced.exchanged,
-                        traced.failed, traced.wrote)
+def _gpu_target(cuda: CudaSetup, sdpa: str, memory: Callable[[Trace, int], GpuMemory]) -> GpuTarget:
+    """A program's "cuda" as the target GPU (``memory``: its counters), its attention kernels counted anew."""
+    gpu = cuda.gpu
+    return GpuTarget(gpu.product, gpu.total_memory_bytes, gpu.compute_capability, CudaKernels(gpu, sdpa), memory)
 
-    def repeated(rank: int, mailbox: Mailbox) -> _RankRun:
-        """The rank recorded with its model's stack of alike blocks cut to four (graphmem.trace.
-        program.stacks), a backup of the program kept whole from that moment in case the cut
-        recording does not stand: the program starts once (graphmem.trace.program.backup)."""
-        cut = os.environ.get("GRAPHMEM_REPEATED_BLOCKS", "1") != "0"
-        return forked(rank, mailbox, cut) if program.world_size > 1 else one(rank, mailbox, cut)
 
-    def forked(rank: int, mailbox: Mailbox, cut: bool = False) -> _RankRun:  # a graph does not pickle
-        run = one(rank, mailbox, cut)
-        return replace(run, report=with_graph(run.report, torch.fx.Graph()))
+def _gpu_memory(trace: Trace, since: int, *, cuda: CudaSetup | None, policy: str, modeled: frozenset[str]
+                ) -> GpuMemory:
+    """What the program's ``torch.cuda`` memory counters say after the run so far (``trace``),
+    peaks counted from op ``since`` on."""
+    if not trace.ops:  # asked before the program ran an op: nothing allocated yet
+        return GpuMemory(0, 0, 0, 0)
+    stats = analyse(trace, policy=policy, modeled=modeled, cuda=cuda).allocator
+    assert stats is not None, "_gpu_memory: a report on a GPU has the allocator's view"
+    allocated, reserved = stats.peaks_from(since)
+    return GpuMemory(stats.allocated_end_bytes, stats.reserved_end_bytes, allocated, reserved)
 
-    def record(ranks: Sequence[int], mailbox: Mailbox) -> list[_RankRun | Waits]:
-        def attempt(rank: int) -> _RankRun | Waits:
-            try:
-                return repeated(rank, mailbox)
-            except Waits as waits:  # recorded again once the rank it waits for is
-                return waits
 
-        if program.world_size > 1:  # each rank a process of its own, as torchrun starts them: its own imports
-            return fork_each(attempt, ranks, what="running a rank of the program")
-        return [attempt(rank) for rank in ranks]
+def _rank_report(traced: ProgramTrace, policy: str, modeled: frozenset[str], cuda: CudaSetup | None) -> ModeReport:
+    """One recorded rank of a program, analysed as analyze analyses a mode."""
+    progress.show(f"analysing {len(traced.trace.ops):,} ops")
+    return analyse(traced.trace, policy=policy, modeled=modeled, cuda=cuda, communicators=traced.communicators,
+                   sdpa_backends=traced.sdpa_backends)
 
-    runs, added = _record_program_ranks(record, chosen, stage_ranks=ranks == "auto")
-    recorded = sorted(runs.items())
-    train, model = recorded[0][1].report, recorded[0][1].model
+
+def _program_report(program: Program, device: str, cuda: CudaSetup | None, launched: Launched,
+                    reports: dict[int, ModeReport]) -> MemoryReport:
+    """The program's report: its training is the recorded rank's with the highest peak, holding
+    every recorded rank's; its first rank's model, files and failure."""
+    recorded = sorted(launched.traces.items())
+    first = recorded[0][1]
+    train = reports[recorded[0][0]]
     if program.world_size > 1:
-        reports = sorted((RankReport(rank, (rank,), run.report) for rank, run in recorded),
-                         key=lambda r: (-r.report.budget_peak_bytes, r.rank))
-        why = [*(["rank 0 and the last"] if ranks == "auto" else []), *added]
+        why = [*(["rank 0 and the last"] if program.ranks is None else []), *launched.added]
         note = (f"ranks {', '.join(str(rank) for rank, _ in recorded)} of {program.world_size} recorded"
                 + (f" ({'; '.join(why)}; --ranks all records every rank)" if why else ""))
-        train = replace(reports[0].report, ranks=tuple(reports),
-                        assumptions=(*reports[0].report.assumptions, note))
-    failed = [(rank, run.failed) for rank, run in recorded if run.failed]
+        train = highest_first((RankReport(rank, (rank,), reports[rank]) for rank, _ in recorded), note)
+    failed = [(rank, traced.failed) for rank, traced in recorded if traced.failed]
     failure = None
     if failed:
         failure = failed[0][1] + (f" (rank {failed[0][0]})" if program.world_size > 1 else "")
-    return MemoryReport(target=model, device=device, inputs=(), inference=None, train=train,
-                        program=program.command, gpu=cuda[0] if cuda else None,
+    return MemoryReport(target=first.models[0] if first.models else program.target, device=device, inputs=(),
+                        inference=None, train=train, program=program.command, gpu=cuda.gpu if cuda else None,
                         parallel=f"{program.world_size} processes" if program.world_size > 1 else None,
-                        program_failed=failure, program_files=recorded[0][1].wrote)
+                        program_failed=failure, program_files=first.wrote)
 
 
 def program_allocator_again(report: MemoryReport, alloc_conf: str | None) -> MemoryReport:
@@ -449,150 +282,5 @@ def program_allocator_again(report: MemoryReport, alloc_conf: str | None) -> Mem
     ``alloc_conf`` (None: the environment's): the recordings stand, the program does not run
     again (a verdict's what-if of expandable segments).  The rank shown first is again the one
     with the highest peak."""
-    gpu, train = report.gpu, report.train
-    assert gpu is not None and train is not None, "program_allocator_again: a program's report on a GPU"
-    config = _gpu_and_allocator(gpu.name, alloc_conf)[1]
-
-    def again(mode: ModeReport) -> ModeReport:
-        nccl = mode.allocator.nccl_buffer_bytes if mode.allocator is not None else 0
-        return replace(mode, allocator=replace(model_cuda_allocator(mode, gpu, config), nccl_buffer_bytes=nccl))
-
-    if not train.ranks:
-        return replace(report, train=again(train))
-    ranks = sorted((replace(r, report=again(r.report)) for r in train.ranks),
-                   key=lambda r: (-r.report.budget_peak_bytes, r.rank))
-    return replace(report, train=replace(ranks[0].report, ranks=tuple(ranks), assumptions=train.assumptions))
-
-
-@dataclass(frozen=True)
-class _RankRun:
-    """One rank of a program, recorded and analysed: its report, its model's class, and what
-    its pipeline stages sent and assumed."""
-
-    report: ModeReport
-    model: str
-    exchanged: Exchanged
-    failed: str | None = None  # how the program failed after recording steps
-    wrote: tuple[FileChange, ...] = ()  # what it did to files, in its own layer
-
-
-def _record_program_ranks(record: Callable[[Sequence[int], Mailbox], list[_RankRun | Waits]],
-                          chosen: Sequence[int], *, stage_ranks: bool) -> tuple[dict[int, _RankRun], tuple[str, ...]]:
-    """Each rank of ``chosen`` recorded by ``record`` (several at once), until the messages
-    between pipeline stages agree (graphmem.trace.program.stage_messages): a rank that waits
-    for another's message is recorded again after it (that rank recorded too, if not chosen),
-    one whose assumed message a later recording contradicts is recorded again; each round's
-    recordings read what the rounds before sent.  ``stage_ranks``: also the first rank of each pipeline
-    stage.  Returns the recordings by rank, and why ranks not chosen were recorded ("2, 3: the
-    first rank of each pipeline stage"; none: empty).
-
-    Raises:
-        TraceError: a round in which no rank ended and no message was sent (the ranks wait for
-            each other), or more rounds than four for each rank recorded (the ranks keep
-            contradicting each other).
-    """
-    runs: dict[int, _RankRun] = {}
-    pending, why = sorted(set(chosen)), dict[int, str]()
-    rounds, sent_before, mailbox = 0, -1, Mailbox()
-    while True:
-        rounds += 1
-        waiting: dict[int, Waits] = {}
-        for rank, result in zip(pending, record(pending, mailbox), strict=True):
-            if isinstance(result, Waits):
-                waiting[rank] = result
-            else:
-                runs[rank] = result
-        sent = {key: message for run in runs.values() for key, message in run.exchanged.sent.items()}
-        for waits in waiting.values():
-            sent.update(waits.sent)
-        if not set(pending) - set(waiting) and len(sent) == sent_before or rounds > 4 * (len(runs) + len(waiting)) + 8:
-            break
-        mailbox, sent_before = Mailbox(sent), len(sent)
-        again = {rank for rank, run in runs.items() if mailbox.contradicts(run.exchanged.assumed)}
-        for rank in again:
-            del runs[rank]
-        senders = {w.sender for w in waiting.values() if not mailbox.find(w.key)[0]}
-        stages = set(runs[0].exchanged.stages.values()) if stage_ranks and 0 in runs else set()
-        for rank in sorted((senders | stages) - set(chosen) - set(why)):
-            why[rank] = "the pipeline stages the others wait for" if rank in senders else \
-                "each pipeline stage's first rank"
-        pending = sorted(set(waiting) | again | ((senders | stages) - set(runs)))
-        if not pending:
-            reasons = {reason: [r for r in sorted(why) if why[r] == reason] for reason in dict.fromkeys(why.values())}
-            return runs, tuple(f"{', '.join(map(str, ranks))}: {reason}" for reason, ranks in reasons.items())
-    stuck = ", ".join(f"rank {rank}: {waits}" for rank, waits in waiting.items())
-    raise TraceError(f"the program's pipeline stages wait for each other's messages ({stuck}); graphmem "
-                     "records each rank alone and could not order them")
-
-
-def program_ranks(ranks: str | Sequence[int], world: int) -> tuple[int, ...]:
-    """The ranks ``--ranks`` names: ``auto`` (rank 0 and the last; pipeline stages' first ranks
-    are added once rank 0 has been recorded), ``all``, or a list ("0,7").
-
-    Raises:
-        UserInputError: a rank outside the world, or text that names none.
-    """
-    if isinstance(ranks, str):
-        if ranks == "auto":
-            return tuple(sorted({0, world - 1}))
-        if ranks == "all":
-            return tuple(range(world))
-        try:
-            ranks = [int(r) for r in ranks.split(",") if r.strip()]
-        except ValueError:
-            raise UserInputError(f"--ranks {ranks!r}: expected auto, all or ranks such as 0,7") from None
-    outside = [r for r in ranks if not 0 <= r < world]
-    if not ranks or outside:
-        raise UserInputError(f"--ranks: {', '.join(map(str, outside)) or 'none given'}; the ranks are 0 to {world - 1}")
-    return tuple(sorted(set(ranks)))
-
-
-def _finetune_text(job: Job) -> str | None:
-    """What the report says was done to train only part of the model."""
-    if job.lora and job.quantize_base:
-        return f"{job.lora}, base weights in {job.quantize_base}"
-    return str(job.lora) if job.lora else ("frozen: " + ", ".join(job.freeze) if job.freeze else None)
-
-
-def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> list[InputSpec] | None:
-    """A causal language model trained without labels: the inputs plus ``labels`` shaped like
-    ``input_ids`` (its own loss then runs, as trainers run it); None otherwise."""
-    names = {s.name for s in specs}
-    forward = getattr(module, "forward", None)
-    causal = type(module).__name__.endswith(("ForCausalLM", "LMHeadModel"))
-    if step.loss != "auto" or not causal or "input_ids" not in names or "labels" in names or forward is None \
-            or "labels" not in inspect.signature(forward).parameters:
-        return None
-    ids = next(s for s in specs if s.name == "input_ids")
-    return [*specs, replace(ids, name="labels")]
-
-
-def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:
-    """Prefill of the prompt, then the last decode step with the cache of prompt + new - 1 tokens."""
-    ids = lambda n: InputSpec((gen.batch, n), torch.int64, "input_ids")
-    prefill = run("prefill", [ids(gen.prompt)])
-    decode = run("decode", [ids(gen.prompt + gen.new - 1), InputSpec((gen.batch, 1), torch.int64, "next_token")])
-    decode_steps = [i for i, op in enumerate(decode.trace.ops) if op.phase == Phase.DECODE]
-    return GenerateReport(prompt_tokens=gen.prompt, new_tokens=gen.new, batch=gen.batch,
-                          prefill_peak_bytes=prefill.peak_bytes,
-                          decode_peak_bytes=max(decode.timeline[i] for i in decode_steps),
-                          kv_cache_bytes=decode.trace.kv_cache_bytes, prefill=prefill, decode=decode)
-
-
-def _cuda_target(job: Job) -> tuple[GPU, AllocatorConfig] | None:
-    """The GPU preset and allocator settings of a CUDA target (None for cpu)."""
-    return _gpu_and_allocator(job.gpu, job.alloc_conf) if job.device == "cuda" else None
-
-
-def _gpu_and_allocator(gpu: str, alloc_conf: str | None) -> tuple[GPU, AllocatorConfig]:
-    """The GPU preset and the allocator settings (``alloc_conf`` None: PYTORCH_CUDA_ALLOC_CONF)."""
-    text = alloc_conf_from_environment() if alloc_conf is None else alloc_conf
-    return get_gpu(gpu), parse_alloc_conf(text)
-
-
-def _cuda_default_impl(step: StepConfig) -> str:
-    """PyTorch's own pick for CUDA parameters: foreach where the optimizer has it."""
-    if step.optimizer_impl != "auto" or step.optimizer == "none":
-        return step.optimizer_impl
-    cls, _ = resolve_optimizer(step.optimizer)
-    return "foreach" if "foreach" in inspect.signature(cls.__init__).parameters else "auto"
+    assert report.gpu is not None and report.train is not None, "program_allocator_again: a program's report on a GPU"
+    return allocator_again(report, CudaSetup.of(report.gpu.name, alloc_conf))

@@ -325,8 +325,8 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
         _load()
         chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes, allow_network=allow_network,
-                              write_through=write_through)
-        report = run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf, ranks=ranks)
+                              write_through=write_through, ranks=ranks)
+        report = run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf)
         train = report.train
         conf, source = allocator_setting(alloc_conf) if gpu else ("", "")
         setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none", gpu=gpu,

@@ -1,18 +1,19 @@
 """What ``graphmem run`` analyses: a training program and its own arguments.
 
-Input: the script (or ``-m`` module), its argv, the optimizer steps to record.  Output: a
-frozen ``Program``, checked (the script exists, at least one step).  Knows nothing of how it
-is recorded.
+Input: the script (or ``-m`` module), its argv, the optimizer steps to record, its processes
+and which of them to record (``--ranks``).  Output: a frozen ``Program``, checked (the script
+exists, at least one step, ranks within the world).  Knows nothing of how it is recorded.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from graphmem.errors import UserInputError
 
-__all__ = ["Program", "make_program"]
+__all__ = ["Program", "make_program", "program_ranks"]
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,22 @@ class Program:
     torchrun: bool = False  # launched by torchrun even with one process (its environment, a process group)
     allow_network: bool = False  # the program may connect to servers (else its connections are refused)
     write_through: tuple[str, ...] = ()  # absolute paths it writes for real (else its writes are its layer's)
+    # the ranks to record (--ranks); None: auto, rank 0 and the last (and, once rank 0 is
+    # recorded, each pipeline stage's first rank)
+    ranks: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.ranks is not None:
+            _check_ranks(self.ranks, self.world_size)
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
+
+    @property
+    def chosen_ranks(self) -> tuple[int, ...]:
+        """The ranks to record first: ``ranks``, or rank 0 and the last."""
+        return self.ranks if self.ranks is not None else tuple(sorted({0, self.world_size - 1}))
 
     @property
     def launched(self) -> bool:
@@ -58,12 +71,14 @@ class Program:
 
 def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
                  nproc_per_node: int | None = None, nnodes: int | None = None,
-                 allow_network: bool = False, write_through: tuple[str, ...] = ()) -> Program:
+                 allow_network: bool = False, write_through: tuple[str, ...] = (),
+                 ranks: str | Sequence[int] = "auto") -> Program:
     """A checked Program; given ``nproc_per_node`` or ``nnodes`` (even 1), launched as torchrun
-    launches it, else as ``python`` runs it.
+    launches it, else as ``python`` runs it; ``ranks``: which to record (program_ranks).
 
     Raises:
-        UserInputError: no such script, fewer than one step or one process.
+        UserInputError: no such script, fewer than one step or one process, a rank outside
+            the world.
     """
     if steps < 1:
         raise UserInputError(f"--steps {steps}: record at least one optimizer step")
@@ -79,4 +94,32 @@ def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = Fals
                              "a folder with __main__.py, or a module with -m (graphmem run -m pkg.train ARGS)")
     return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
                    nnodes=nnodes, torchrun=torchrun, allow_network=allow_network,
-                   write_through=tuple(os.path.abspath(path) for path in write_through))
+                   write_through=tuple(os.path.abspath(path) for path in write_through),
+                   ranks=program_ranks(ranks, nproc_per_node * nnodes))
+
+
+def program_ranks(ranks: str | Sequence[int], world: int) -> tuple[int, ...] | None:
+    """The ranks ``--ranks`` names: ``auto`` (None: rank 0 and the last; pipeline stages' first
+    ranks are added once rank 0 has been recorded), ``all``, or a list ("0,7").
+
+    Raises:
+        UserInputError: text that names no rank (Program checks that each is in the world).
+    """
+    if ranks == "auto":
+        return None
+    if ranks == "all":
+        return tuple(range(world))
+    if isinstance(ranks, str):
+        try:
+            ranks = [int(r) for r in ranks.split(",") if r.strip()]
+        except ValueError:
+            raise UserInputError(f"--ranks {ranks!r}: expected auto, all or ranks such as 0,7") from None
+    _check_ranks(ranks, world)
+    return tuple(sorted(set(ranks)))
+
+
+def _check_ranks(ranks: Sequence[int], world: int) -> None:
+    """Raise UserInputError unless ``ranks`` names at least one rank, each in the world."""
+    outside = [r for r in ranks if not 0 <= r < world]
+    if not ranks or outside:
+        raise UserInputError(f"--ranks: {', '.join(map(str, outside)) or 'none given'}; the ranks are 0 to {world - 1}")

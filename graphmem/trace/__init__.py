@@ -24,25 +24,14 @@ The rooms, each importing only the ones below it (checked by import-linter):
 
 from __future__ import annotations
 
-from graphmem.records import OpRecord, Phase, Role, StorageRecord, Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import distinct_ranks
 from graphmem.trace.distributed.fsdp import finer_units, fsdp_units
-from graphmem.trace.program import (
-    Exchanged,
-    GpuMemory,
-    GpuTarget,
-    Mailbox,
-    ProgramTrace,
-    Spoiled,
-    Waits,
-    trace_program,
-)
 from graphmem.trace.ranks import forks_ranks, record_ranks
-from graphmem.trace.recording import Recording, trace_step
+from graphmem.trace.recording import Recording
 from graphmem.trace.repeat import record_step
 from graphmem.trace.symbolic import trace_at
 
-__all__ = ["CudaKernels", "Exchanged", "GpuMemory", "GpuTarget", "Mailbox", "OpRecord", "Phase", "ProgramTrace",
-           "Recording", "Role", "Spoiled", "StorageRecord", "Trace", "Waits", "distinct_ranks", "forks_ranks",
-           "finer_units", "fsdp_units", "record_ranks", "record_step", "trace_at", "trace_program", "trace_step"]
+# what analyze needs; a program's recording is the room's own (graphmem.trace.program)
+__all__ = ["CudaKernels", "Recording", "distinct_ranks", "finer_units", "forks_ranks", "fsdp_units", "record_ranks",
+           "record_step", "trace_at"]

@@ -1,10 +1,14 @@
 """A training program recorded as it runs (``graphmem run``).
 
-Input: a ``Program`` (a script or ``-m`` module, its argv, the optimizer steps to record) and,
-for a GPU, a ``GpuTarget``.  Output: a ``ProgramTrace``.  Knows nothing of categories, peaks,
-allocators, reports or the command line (the GPU's memory answers are a function it is given).
+Input: a ``Program`` (a script or ``-m`` module, its argv, the optimizer steps to record, its
+ranks) and, for a GPU, a ``GpuTarget``.  Output: a ``ProgramTrace`` for each rank recorded.
+Knows nothing of categories, peaks, allocators, reports or the command line (the GPU's memory
+answers are a function it is given).
 
-- ``run``: the program under the recorder as Python runs it, stopped after its K-th step;
+- ``launch``: the ranks to record, each in a process of its own as torchrun starts them, in
+  rounds until their pipeline stages' messages agree;
+- ``run``: the program under the recorder as Python runs it (``as_main``), stopped after its
+  K-th step; ``ending``: how its run ended, in the user's words;
 - ``books``: the global hooks that name its models, inputs, outputs, gradients, optimizer
   state and steps;
 - ``gpu``: the program's "cuda" as the target GPU on fake CPU tensors: which storages are on
@@ -21,7 +25,9 @@ allocators, reports or the command line (the GPU's memory answers are a function
 from __future__ import annotations
 
 from graphmem.trace.program.gpu import GpuMemory, GpuTarget
+from graphmem.trace.program.launch import Launched, record_program
 from graphmem.trace.program.run import ProgramTrace, Spoiled, trace_program
 from graphmem.trace.program.stage_messages import Exchanged, Mailbox, Waits
 
-__all__ = ["Exchanged", "GpuMemory", "GpuTarget", "Mailbox", "ProgramTrace", "Spoiled", "Waits", "trace_program"]
+__all__ = ["Exchanged", "GpuMemory", "GpuTarget", "Launched", "Mailbox", "ProgramTrace", "Spoiled", "Waits",
+           "record_program", "trace_program"]

@@ -27,12 +27,10 @@ import collections
 import contextlib
 import os
 import runpy
-import sys
 import tempfile
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from functools import partial
 
 import torch
 from torch import nn
@@ -46,13 +44,23 @@ from graphmem._torch_api import (
 from graphmem.errors import TraceError
 from graphmem.job.assume import Assumptions
 from graphmem.job.program import Program
-from graphmem.patching import environment, patched
 from graphmem.records import Phase, Trace
 from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
+from graphmem.trace.program.as_main import as_main
 from graphmem.trace.program.backup import Backup, capturing_output
 from graphmem.trace.program.books import Books, Enough, hooks
-from graphmem.trace.program.effects import frame_kind, program_line, skipping_saves
+from graphmem.trace.program.effects import program_line, skipping_saves
+from graphmem.trace.program.ending import (
+    Ending,
+    Exited,
+    end_forked_child,
+    exit_message,
+    exit_status,
+    exits_caught,
+    failure,
+    steps_text,
+)
 from graphmem.trace.program.gpu import GpuTarget, on_the_gpu
 from graphmem.trace.program.loads import loading_headers_only
 from graphmem.trace.program.network import without_network
@@ -66,7 +74,6 @@ from graphmem.trace.rules import rules_for
 __all__ = ["ProgramTrace", "Spoiled", "trace_program"]
 
 _NOWHERE = "\x00"  # a module path no module has
-_real_exit = os._exit  # the program's own os._exit is caught while it runs (exits_caught)
 
 # graphmem run's own options, named in the error when a program that refused its argv got one
 _RUN_OPTIONS = frozenset({"--steps", "--allow-network", "--write-through", "--device", "--format", "--units",
@@ -95,61 +102,7 @@ class ProgramTrace:
     failed: str | None = None
     # what it did to files, in its own layer (graphmem.trace.program.scratch): the real files are unchanged
     wrote: tuple[Change, ...] = ()
-
-
-# process-wide singletons a program sets up once and a second program in the same process may
-# not change: accelerate's state (its device, "cuda" on a GPU target) is kept as it was before
-_SINGLETONS = (("accelerate.state", ("PartialState", "AcceleratorState", "GradientState")),)
-
-
-# the program's environment: transformers loads a checkpoint's tensors in a pool of threads
-# unless told not to, and a thread's ops are not seen by the recording (dispatch modes belong
-# to the thread that entered them); loaded in the program's thread, the same tensors result.
-# Weights & Biases logs nothing and sends nothing (its runs are no-ops: a pre-flight is no run)
-_ENVIRON = {"HF_DEACTIVATE_ASYNC_LOAD": "1", "WANDB_MODE": "disabled"}
-
-
-def _singletons() -> list[dict[str, Any]]:
-    """The shared state of each loaded singleton."""
-    found = []
-    for module_name, names in _SINGLETONS:
-        module = sys.modules.get(module_name)
-        for name in names:
-            shared = getattr(getattr(module, name, None), "_shared_state", None)
-            if isinstance(shared, dict):
-                found.append(shared)
-    return found
-
-
-@contextlib.contextmanager
-def _as_main(program: Program) -> Iterator[None]:
-    """``sys.argv`` and ``sys.path[0]`` as Python sets them for the program, and ``_ENVIRON``;
-    restored after, with the singletons of ``_SINGLETONS`` (the program may have made them
-    for a fake GPU).  The program starts with those singletons empty, as in a new process: a
-    rank's process forked from one that ran accelerate on one process must not inherit that
-    state (it would not see torchrun's environment; accelerate's own ``_reset_state`` clears
-    them the same)."""
-    argv, path = sys.argv[:], sys.path[:]
-    before = {id(shared): dict(shared) for shared in _singletons()}
-    for shared in _singletons():
-        shared.clear()
-    sys.argv = [program.target, *program.argv]
-    sys.path.insert(0, os.getcwd() if program.module else _script_folder(program.target))
-    try:
-        with environment(_ENVIRON):
-            yield
-    finally:
-        sys.argv[:], sys.path[:] = argv, path
-        for shared in _singletons():
-            shared.clear()
-            shared.update(before.get(id(shared), {}))
-
-
-def _script_folder(target: str) -> str:
-    """``sys.path[0]`` as python sets it for ``python TARGET``: the script's folder, or the
-    folder itself when it is one (run through its ``__main__.py``)."""
-    path = os.path.abspath(target)
-    return path if os.path.isdir(path) else os.path.dirname(path)
+    sdpa_backends: dict[str, int] = field(default_factory=dict)  # on a GPU: the attention kernels chosen, calls each
 
 
 def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int = 0,
@@ -177,26 +130,14 @@ def trace_program(program: Program, *, gpu: GpuTarget | None = None, rank: int =
     if backup.in_backup:
         backup.send("result", (replace(traced, trace=replace(traced.trace, fx=torch.fx.Graph())),
                                dict(gpu.kernels.backends) if gpu else {}))
-    return traced
+    return replace(traced, sdpa_backends=dict(gpu.kernels.backends)) if gpu else traced
 
 
 def _record(program: Program, gpu: GpuTarget | None, rank: int, cut: bool, mailbox: Mailbox | None,
             backup: Backup) -> ProgramTrace:
     """trace_program's work, in this process or (with its model whole) in the backup."""
-    # the program holds its own tensors: each dies when it lets go of it (held: none); a value
-    # the program reads (loss.item()) is 0: see the module docstring
-    recorder = Recorder(rules_for("cuda" if gpu else "cpu"), Assumptions(reads=0), held=frozenset(),
-                        read_note="the program read a value of a tensor, taken as 0", where=program_line)
-    recorder.phase = Phase.PROGRAM
-    recorder.answers.shadows.real_limit = None  # the program's own data is its own value, whatever its size
-    books = Books(recorder, program.steps)
-    fake_mode = recording_fake_mode()
-    ending = _Ending()
-    workers: list[int] = []
-    groups: list[int] = []
-    saves: list[str] = []
-    exchange = Exchange(mailbox or Mailbox())
-    exchanging = exchanging_stage_messages(exchange) if program.launched else contextlib.nullcontext()
+    recorder = _program_recorder(gpu)
+    books, ending, exchange = Books(recorder, program.steps), Ending(), Exchange(mailbox or Mailbox())
     with tempfile.TemporaryDirectory(prefix="graphmem-program-") as folder, contextlib.ExitStack() as capture:
         scratch = Scratch(os.path.join(folder, "layer"), program.write_through)
         held: list[Callable[[bool], None]] = []  # the cut try's output, written out once it stands
@@ -204,50 +145,19 @@ def _record(program: Program, gpu: GpuTarget | None, rank: int, cut: bool, mailb
         outputs = (tempfile.TemporaryFile(dir=folder), tempfile.TemporaryFile(dir=folder)) if cut else None
         for file in outputs or ():
             capture.callback(file.close)
-
-        def fork_backup() -> bool:  # at the cut: True here (cut), False in the backup (whole)
-            if not backup.fork():
-                ending.pid = os.getpid()
-                return False
-            held.append(capture.enter_context(capturing_output(outputs)))
-            return True
-
         backup.on_backup = lambda: scratch.detach(os.path.join(folder, "backup"))
-        cuts = Cuts(decide=fork_backup)
-
-        def snapshot(since: int) -> tuple[Trace, int]:  # the whole run so far (a cut stack placed whole)
-            so_far = _trace(recorder, books, ())
-            return _whole(so_far, cuts, books, since) if cuts.made else (so_far, since)
-
-        on_gpu = on_the_gpu(recorder, gpu, snapshot) if gpu else contextlib.nullcontext()
-        cutting = cutting_stacks(cuts, recorder.silenced) if cut else contextlib.nullcontext()
+        cuts = Cuts(decide=partial(_fork_backup, backup, ending, lambda: held.append(
+            capture.enter_context(capturing_output(outputs)))))
+        run = _Run(program, gpu, recorder, books, cuts, exchange, scratch, ending)
         try:
-            with _as_main(program), quiet_fake_tensor_logs(), cutting, on_gpu, \
-                    as_rank(program, rank, gpu is not None, recorder.books.resized, recorder.silenced,
-                            recorder.books.hold, groups), exchanging, \
-                    data_loading_in_process(workers.append), skipping_saves(saves), \
-                    layered(scratch), without_network(program.allow_network), exits_caught(ending), \
-                    loading_headers_only(recorder.books.map_from_file), fake_mode, recorder, hooks(books):
-                _run(program, ending, books, cuts, exchange)
-            if not ending.stopped:
-                recorder.poll(everything=True)
-            traced = _traced(program, recorder, books, cuts, exchange, gpu, groups, ending, saves, workers,
-                             scratch.changes())
+            traced = _recorded(run, rank, cut)
         except Spoiled as exc:
             if not backup.made:
                 raise
             for keep in held:
                 keep(False)
             capture.close()
-            progress.show(f"recording the whole model ({exc})")
-            kind, value = backup.resume()
-            if kind == "raised":
-                raise value from None
-            traced, backends = value
-            if gpu is not None:
-                gpu.kernels.backends.clear()
-                gpu.kernels.backends.update(backends)
-            return traced  # type: ignore[no-any-return]
+            return _resumed(backup, gpu, exc)
         except BaseException:
             backup.drop()
             raise
@@ -256,40 +166,81 @@ def _record(program: Program, gpu: GpuTarget | None, rank: int, cut: bool, mailb
         return traced
 
 
-@dataclass
-class _Ending:
-    """How the program's run ended: stopped after the steps asked for, or by itself (and how)."""
+@dataclass(frozen=True)
+class _Run:
+    """One recording of the program: its recorder, and what its hooks note as it runs."""
 
-    pid: int = field(default_factory=os.getpid)  # the program's process (its forked children are not it)
-    stopped: bool = False
-    failed: str | None = None  # how it failed after recording steps ("exited with status 1")
-
-
-class _Exited(BaseException):
-    """``os._exit(code)`` called by the program's own process: its run ends here."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-@contextlib.contextmanager
-def exits_caught(ending: _Ending) -> Iterator[None]:
-    """Inside, ``os._exit`` in the program's own process ends its run as an exception would
-    (the recording so far stands; its ``finally`` blocks run); in a process it forked
-    (a DataLoader worker, a helper) it exits as always."""
-    real = os._exit
-
-    def exit_(code: int) -> NoReturn:
-        if os.getpid() == ending.pid:
-            raise _Exited(code)
-        real(code)
-
-    with patched((os, "_exit", exit_)):
-        yield
+    program: Program
+    gpu: GpuTarget | None
+    recorder: Recorder
+    books: Books
+    cuts: Cuts
+    exchange: Exchange
+    scratch: Scratch
+    ending: Ending
+    workers: list[int] = field(default_factory=list)  # the data loaders' worker processes asked for
+    groups: list[int] = field(default_factory=list)  # the sizes of the process groups it made
+    saves: list[str] = field(default_factory=list)  # the checkpoint saves skipped
 
 
-def _run(program: Program, ending: _Ending, books: Books, cuts: Cuts, exchange: Exchange) -> None:
+def _program_recorder(gpu: GpuTarget | None) -> Recorder:
+    """The recorder of a program: it holds its own tensors, each dies when it lets go of it
+    (held: none); a value it reads (loss.item()) is 0: see the module docstring."""
+    recorder = Recorder(rules_for("cuda" if gpu else "cpu"), Assumptions(reads=0), held=frozenset(),
+                        read_note="the program read a value of a tensor, taken as 0", where=program_line)
+    recorder.phase = Phase.PROGRAM
+    recorder.answers.shadows.real_limit = None  # the program's own data is its own value, whatever its size
+    return recorder
+
+
+def _fork_backup(backup: Backup, ending: Ending, capture: Callable[[], None]) -> bool:
+    """At the cut: True here (cut, its output captured), False in the backup (whole)."""
+    if not backup.fork():
+        ending.pid = os.getpid()
+        return False
+    capture()
+    return True
+
+
+def _recorded(run: _Run, rank: int, cut: bool) -> ProgramTrace:
+    """The program run under the recorder, with every context it runs in, then its recording."""
+    program, recorder, gpu = run.program, run.recorder, run.gpu
+    exchanging = exchanging_stage_messages(run.exchange) if program.launched else contextlib.nullcontext()
+    on_gpu = on_the_gpu(recorder, gpu, partial(_snapshot, run)) if gpu else contextlib.nullcontext()
+    cutting = cutting_stacks(run.cuts, recorder.silenced) if cut else contextlib.nullcontext()
+    fake_mode = recording_fake_mode()
+    with as_main(program), quiet_fake_tensor_logs(), cutting, on_gpu, \
+            as_rank(program, rank, gpu is not None, recorder.books.resized, recorder.silenced,
+                    recorder.books.hold, run.groups), exchanging, \
+            data_loading_in_process(run.workers.append), skipping_saves(run.saves), \
+            layered(run.scratch), without_network(program.allow_network), exits_caught(run.ending), \
+            loading_headers_only(recorder.books.map_from_file), fake_mode, recorder, hooks(run.books):
+        _run(program, run.ending, run.books, run.cuts, run.exchange)
+    if not run.ending.stopped:
+        recorder.poll(everything=True)
+    return _traced(run)
+
+
+def _snapshot(run: _Run, since: int) -> tuple[Trace, int]:
+    """The whole run so far (a cut stack placed whole), and where its op ``since`` is in it."""
+    so_far = _trace(run.recorder, run.books, ())
+    return _whole(so_far, run.cuts, run.books, since) if run.cuts.made else (so_far, since)
+
+
+def _resumed(backup: Backup, gpu: GpuTarget | None, spoiled: Spoiled) -> ProgramTrace:
+    """The backup's recording of the whole model, the cut one not standing (``spoiled``)."""
+    progress.show(f"recording the whole model ({spoiled})")
+    kind, value = backup.resume()
+    if kind == "raised":
+        raise value from None
+    traced, backends = value
+    if gpu is not None:
+        gpu.kernels.backends.clear()
+        gpu.kernels.backends.update(backends)
+    return traced  # type: ignore[no-any-return]
+
+
+def _run(program: Program, ending: Ending, books: Books, cuts: Cuts, exchange: Exchange) -> None:
     """Run the program; note how it ended in ``ending`` (an exception after a step included)."""
     try:
         if program.module:
@@ -298,18 +249,18 @@ def _run(program: Program, ending: _Ending, books: Books, cuts: Cuts, exchange: 
             runpy.run_path(program.target, run_name="__main__")
     except BaseException as exc:  # broad: the program is user code and may raise anything
         if os.getpid() != ending.pid:  # a process the program forked ran off its end: it ends here
-            _end_forked_child(exc)
+            end_forked_child(exc)
         if isinstance(exc, Enough):
             ending.stopped = True
-        elif isinstance(exc, SystemExit | _Exited):
+        elif isinstance(exc, SystemExit | Exited):
             code = exc.code
             if code not in (None, 0):
-                _exit_message(code)
-                how = f"called os._exit({code})" if isinstance(exc, _Exited) else _exit_status(code)
+                exit_message(code)
+                how = f"called os._exit({code})" if isinstance(exc, Exited) else exit_status(code)
                 if books.steps_done == 0:
                     raise TraceError(f"{program.command} {how} before its first optimizer step: "
                                      f"nothing to analyse{_options_hint(program)}") from None
-                ending.failed = f"{program.command} {how} after {_steps_text(books.steps_done)}"
+                ending.failed = f"{program.command} {how} after {steps_text(books.steps_done)}"
         elif isinstance(exc, Waits):
             exc.sent = dict(exchange.sent)
             raise
@@ -317,48 +268,13 @@ def _run(program: Program, ending: _Ending, books: Books, cuts: Cuts, exchange: 
             if cuts.made:  # it may have failed for its model being cut: the whole model decides
                 raise Spoiled(f"the program raised {type(exc).__name__} with its model cut") from exc
             if books.steps_done == 0:
-                raise TraceError(_failure(program, exc, books.steps_done)) from exc
-            ending.failed = _failure(program, exc, books.steps_done)
+                raise TraceError(failure(program, exc, books.steps_done)) from exc
+            ending.failed = failure(program, exc, books.steps_done)
         else:
             raise
     else:
         if os.getpid() != ending.pid:
-            _end_forked_child(None)
-
-
-def _end_forked_child(exc: BaseException | None) -> NoReturn:
-    """A process the program forked (``os.fork`` of its own) ran to the end of the program, or
-    raised: it ends as Python would end it, without returning into graphmem's code."""
-    code = 0
-    if isinstance(exc, SystemExit | _Exited):
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if isinstance(exc, SystemExit):
-            _exit_message(exc.code)
-    elif exc is not None:
-        code = 1
-        with contextlib.suppress(BaseException):  # broad: the process must end
-            traceback.print_exception(exc)
-    with contextlib.suppress(BaseException):  # broad: the process must end
-        sys.stdout.flush()
-        sys.stderr.flush()
-    _real_exit(code)
-
-
-def _exit_message(code: object) -> None:
-    """What Python prints for ``sys.exit(code)``: a code that is no int is written to stderr."""
-    if code is not None and not isinstance(code, int):
-        with contextlib.suppress(OSError, ValueError):
-            print(code, file=sys.stderr)
-
-
-def _exit_status(code: object) -> str:
-    if isinstance(code, int):
-        return f"exited with status {code}"
-    return f"exited with status 1 ({' '.join(str(code).split())})"
-
-
-def _steps_text(steps: int) -> str:
-    return f"{steps} optimizer step{'s' * (steps != 1)}"
+            end_forked_child(None)
 
 
 def _options_hint(program: Program) -> str:
@@ -368,15 +284,14 @@ def _options_hint(program: Program) -> str:
             ". graphmem run records a training program up to --steps optimizer steps")
 
 
-def _traced(program: Program, recorder: Recorder, books: Books, cuts: Cuts, exchange: Exchange,
-            gpu: GpuTarget | None, groups: list[int], ending: _Ending, saves: list[str], workers: list[int],
-            changes: tuple[Change, ...]) -> ProgramTrace:
+def _traced(run: _Run) -> ProgramTrace:
     """The recording as a ProgramTrace, the cut stack placed whole."""
+    program, books, cuts, gpu, ending = run.program, run.books, run.cuts, run.gpu, run.ending
     if books.steps_done == 0:
         raise TraceError(f"{program.command} ended before its first optimizer step: nothing to analyse"
                          f"{_options_hint(program)}")
-    notes = _notes(program, recorder, books, ending.stopped, saves, workers, ending.failed is not None)
-    trace, made = _trace(recorder, books, notes), None
+    notes = _notes(program, run.recorder, books, ending.stopped, run.saves, run.workers, ending.failed is not None)
+    trace, made = _trace(run.recorder, books, notes), None
     if cuts.made:
         container = cuts.made[0].container
         if id(container) not in books.paths:  # never run by the program: nothing to place it by
@@ -392,10 +307,10 @@ def _traced(program: Program, recorder: Recorder, books: Books, cuts: Cuts, exch
                 if n:
                     gpu.kernels.backends[backend] = gpu.kernels.backends.get(backend, 0) + n
     return ProgramTrace(trace=trace, steps=books.steps_done, stopped=ending.stopped,
-                        communicators=sum(size > 1 for size in groups),
+                        communicators=sum(size > 1 for size in run.groups),
                         models=tuple(books.models), optimizers=tuple(books.optimizers), cut=made,
-                        exchanged=exchange.result(), failed=ending.failed,
-                        wrote=tuple(changes))
+                        exchanged=run.exchange.result(), failed=ending.failed,
+                        wrote=tuple(run.scratch.changes()))
 
 
 def _named(cuts: Cuts, books: Books) -> dict[int, int]:
@@ -461,29 +376,3 @@ def _trace(recorder: Recorder, books: Books, notes: tuple[str, ...]) -> Trace:
     """The run recorded so far as a ``Trace`` (storages still live have no release)."""
     return Trace(mode="train", fx=recorder.fx.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=books.optimizers[0] if books.optimizers else None, assumptions=notes)
-
-
-def _raising_frame(frames: traceback.StackSummary) -> traceback.FrameSummary | None:
-    """The frame that raised, when it is an installed library's or torch's (not graphmem's, not
-    Python's own): the line a user looks at after their own."""
-    if not frames:
-        return None
-    last = frames[-1]
-    kind = frame_kind(last.filename)
-    if kind == "library" or (kind == "torch" and "/torch/" in last.filename and "/graphmem/" not in last.filename):
-        return last
-    return None
-
-
-def _failure(program: Program, exc: BaseException, steps: int) -> str:
-    """The program's error, its traceback cut to the program's own frames (not torch's, not
-    graphmem's, not runpy's, not an installed library's), then, where a library or torch
-    raised it, the line that did."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    shown = [f for f in frames if frame_kind(f.filename) == "program"][-5:]
-    raised = _raising_frame(frames)
-    if raised is not None and (not shown or shown[-1] is not raised):
-        shown.append(raised)
-    where = "".join(f"\n  {f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in shown)
-    after = f" after {steps} optimizer step{'s' * (steps != 1)}"
-    return f"{program.command} raised {type(exc).__name__}: {str(exc).strip()}{after}{where}"

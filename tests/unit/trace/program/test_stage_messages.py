@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from graphmem.api import _RankRun, _record_program_ranks
 from graphmem.errors import TraceError
+from graphmem.trace.program.launch import record_rounds
+from graphmem.trace.program.run import ProgramTrace
 from graphmem.trace.program.stage_messages import Exchanged, Mailbox, Waits
 
 
@@ -72,13 +73,13 @@ class _Chain:
                 assumed[("outcome", stage + 1, stage, peer(stage + 1), rank, 0)] = 1
         if stage > 0:
             sent[("outcome", stage, stage - 1, rank, peer(stage - 1), 0)] = self.outcome
-        return _RankRun(report=None, model="Stage", exchanged=Exchanged(  # type: ignore[arg-type]
-            sent, assumed, {s: peer(s) for s in range(self.stages)}))
+        return ProgramTrace(trace=None, steps=1, stopped=True, models=("Stage",), optimizers=(),  # type: ignore[arg-type]
+                            exchanged=Exchanged(sent, assumed, {s: peer(s) for s in range(self.stages)}))
 
 
 def test_ranks_are_recorded_again_until_every_stage_has_what_it_waited_for() -> None:
     chain = _Chain(stages=3)
-    runs, why = _record_program_ranks(chain.record, [0, 2], stage_ranks=False)
+    runs, why = record_rounds(chain.record, [0, 2], stage_ranks=False)
     assert sorted(runs) == [0, 1, 2]
     # 2 waits for stage 1, so 1 is recorded (2 still waits: 1 was recorded beside it); 1 sends
     # an outcome 0 assumed otherwise, so 0 again, with 2; 2's outcome contradicts 1's: 1 again
@@ -87,7 +88,7 @@ def test_ranks_are_recorded_again_until_every_stage_has_what_it_waited_for() -> 
 
 def test_auto_adds_each_stages_first_rank_and_answers_a_replica_by_stage() -> None:
     chain = _Chain(stages=2, replicas=2, outcome=1)  # ranks 0, 1: stage 0; 2, 3: stage 1
-    runs, why = _record_program_ranks(chain.record, [0, 3], stage_ranks=True)
+    runs, why = record_rounds(chain.record, [0, 3], stage_ranks=True)
     assert sorted(runs) == [0, 2, 3] and why == ("2: each pipeline stage's first rank",)
     assert chain.rounds == [[0, 3], [2, 3]]  # rank 3's stage-0 peer (rank 1) is never recorded
 
@@ -99,4 +100,4 @@ def test_ranks_that_never_stop_waiting_are_one_clear_error() -> None:
 
     chain = Stuck(stages=2)
     with pytest.raises(TraceError, match="wait for each other"):
-        _record_program_ranks(chain.record, [0, 1], stage_ranks=False)
+        record_rounds(chain.record, [0, 1], stage_ranks=False)
