@@ -17,6 +17,7 @@ topic:
 - ``modules``: an nn.Module's own tables of parameters, buffers and children, ``_apply``.
 - ``distributed``: the fake process group, FSDP2, the first FSDP, DTensor, device meshes.
 - ``pipelining``: torch.distributed.pipelining's stages and schedules.
+- ``compiled``: inductor's compile, its generated wrapper replayed on fake tensors.
 - ``runtime``: data loaders, generators, accelerator hooks, per-device caches.
 """
 
@@ -49,6 +50,7 @@ from graphmem._torch_api.dispatch import (
     tree_flatten,
     tree_map,
 )
+from graphmem._torch_api.compiled import compile_with_inductor, graph_break_reasons, mode_options, replay_on_fakes
 from graphmem._torch_api.distributed import (
     dtensor_sharding_fakes_on,
     fake_process_group_store,
@@ -132,6 +134,10 @@ from graphmem._torch_api.tensors import (
 )
 
 __all__ = [
+    "compile_with_inductor",
+    "graph_break_reasons",
+    "mode_options",
+    "replay_on_fakes",
     "DATA_DEPENDENT_ERRORS",
     "DynamicOutputShapeException",
     "FakeTensor",

@@ -164,6 +164,12 @@ class Recorder(TorchDispatchMode):
                 self._reads.close()
 
     supports_higher_order_operators = True  # FlexAttention's reach __torch_dispatch__ (_ONE_KERNEL)
+    # graphmem run, the CPU target: torch.compile'd code is compiled with the recorder entered
+    # (graphmem.trace.compiled), where dynamo would otherwise run it eagerly
+    compiles = False
+
+    def ignore_compile_internals(self) -> bool:  # type: ignore[override]  # torch's is a classmethod
+        return self.compiles
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if isinstance(func, HigherOrderOperator) and func.name() not in _ONE_KERNEL:

@@ -37,6 +37,7 @@ from graphmem._torch_api import (
 )
 from graphmem.patching import patched
 from graphmem.records import Phase, Role
+from graphmem.trace.compiled import compiler
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.step.replica import ValueReads
 from graphmem.trace.step.run import mark_output, saving
@@ -370,7 +371,7 @@ def hooks(books: Books) -> Iterator[None]:
 
     with patched((torch.autograd, "backward", run_backward), (torch.autograd, "grad", run_grad),
                  (torch.optim.Optimizer, "__init__", optimizer_made), (torch.utils, "swap_tensors", swap_tensors),
-                 (torch, "compile", _eager_compile),
+                 (torch, "compile", compiler(recorder, torch.compile)),
                  (nn.Module, MODULE_APPLY, _applying(unpatched_module_apply(), recorder))), \
             torch.autograd.graph.saved_tensors_hooks(saving(recorder), lambda t: t), fakes_take_foreach_paths():
         handles = [nn.modules.module.register_module_parameter_registration_hook(
@@ -384,11 +385,3 @@ def hooks(books: Books) -> Iterator[None]:
         finally:
             for handle in handles:
                 handle.remove()
-
-
-def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
-    """``torch.compile``: the program's code runs eagerly (as ``torch.compile(..., backend="eager")``
-    without the graph capture)."""
-    if model is None:
-        return lambda fn: fn
-    return model
