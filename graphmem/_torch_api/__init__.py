@@ -50,7 +50,14 @@ from graphmem._torch_api.dispatch import (
     tree_flatten,
     tree_map,
 )
-from graphmem._torch_api.compiled import compile_with_inductor, graph_break_reasons, mode_options, replay_on_fakes
+from graphmem._torch_api.compiled import (
+    compile_with_inductor,
+    global_hooks_off,
+    graph_break_reasons,
+    inductor_cache_dir,
+    mode_options,
+    replay_on_fakes,
+)
 from graphmem._torch_api.distributed import (
     dtensor_sharding_fakes_on,
     fake_process_group_store,
@@ -135,7 +142,9 @@ from graphmem._torch_api.tensors import (
 
 __all__ = [
     "compile_with_inductor",
+    "global_hooks_off",
     "graph_break_reasons",
+    "inductor_cache_dir",
     "mode_options",
     "replay_on_fakes",
     "DATA_DEPENDENT_ERRORS",

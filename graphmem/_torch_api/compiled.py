@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_with_inductor", "graph_break_reasons", "mode_options", "replay_on_fakes"]
+__all__ = ["compile_with_inductor", "global_hooks_off", "graph_break_reasons", "inductor_cache_dir", "mode_options",
+           "replay_on_fakes"]
 
 # the generated module's kernels: ``name = async_compile.cpp_pybinding(...)`` (also .triton, .cpp)
 _KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.MULTILINE)
@@ -51,7 +52,11 @@ _HELPERS: dict[str, Callable[..., Any]] = {
 def replay_on_fakes(compiled: Any) -> Any:
     """``compiled`` (inductor's output for one graph), its ``call`` replaced by the replay
     described in the module docstring; refused (ValueError) where its code is not a Python
-    wrapper graphmem knows (an AOT-compiled library)."""
+    wrapper graphmem knows (an AOT-compiled library).  A graph inductor leaves as a Python
+    function (one with no op to lower: a graph break's empty side) comes back as it is: its
+    ops run on the fakes as any eager code."""
+    if not hasattr(compiled, "current_callable"):
+        return compiled
     call = compiled.current_callable
     module = getattr(getattr(call, "__func__", call), "__globals__", None)
     source = getattr(compiled, "source_code", None)
@@ -96,6 +101,7 @@ def compile_with_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any], c
     through ``last_step``; each lowering inside ``around()`` (the backward's is made at the
     first backward, AOTAutograd's lazy lowering).  ``config``: inductor's, during the compile
     and the lazy lowering."""
+    from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -103,7 +109,9 @@ def compile_with_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any], c
         with around(), inductor_config.patch(dict(config)):
             return last_step(compile_fx_inner(graph, inputs, **kwargs))
 
-    with inductor_config.patch(dict(config)):
+    # AOTAutograd's cache would hand back a compiled forward and backward whole, inductor's
+    # lowering (``inner``) skipped: their kernels would run on the fakes
+    with inductor_config.patch(dict(config)), functorch_config.patch(enable_autograd_cache=False):
         return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
@@ -112,3 +120,47 @@ def graph_break_reasons() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return dict(counters["graph_break"])
+
+
+def inductor_cache_dir() -> str:
+    """The folder inductor writes its generated code and its compiled kernels to, made now and
+    kept for the process (it names it in ``TORCHINDUCTOR_CACHE_DIR``: a later change of the
+    temporary folder does not move it)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+@contextlib.contextmanager
+def global_hooks_off() -> Iterator[None]:
+    """Inside, no global module forward hook runs (``register_module_forward_pre_hook`` and
+    ``register_module_forward_hook``'s tables are empty; each holds its hooks again after),
+    and no default saved-tensor hook (``torch.autograd.graph.saved_tensors_hooks``' stack is
+    empty; the same hooks are pushed back after)."""
+    from torch.nn.modules import module
+
+    hooks = torch._C._autograd
+    stacked = []
+    while (top := hooks._top_saved_tensors_default_hooks(True)) is not None:
+        stacked.append(top)
+        hooks._pop_saved_tensors_default_hooks()
+    try:
+        with _forward_hooks_off(module):
+            yield
+    finally:
+        for pack, unpack in reversed(stacked):
+            hooks._push_saved_tensors_default_hooks(pack, unpack)
+
+
+@contextlib.contextmanager
+def _forward_hooks_off(module: Any) -> Iterator[None]:
+    tables = (module._global_forward_pre_hooks, module._global_forward_hooks,
+              module._global_forward_hooks_always_called, module._global_forward_hooks_with_kwargs)
+    saved = [dict(table) for table in tables]
+    for table in tables:
+        table.clear()
+    try:
+        yield
+    finally:
+        for table, held in zip(tables, saved, strict=True):
+            table.update(held)

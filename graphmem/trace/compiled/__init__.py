@@ -1,5 +1,6 @@
 """torch.compile'd code recorded as inductor runs it, its kernels never run (``graphmem run``,
-the CPU target).
+the CPU target).  inductor writes its code and builds its kernels in its own cache folder,
+for real (``compiler_folders``: outside the program's file layer, graphmem.trace.program.scratch).
 
 Input: the ``Recorder`` a program runs under.  Output: ``compiler(recorder)``, what the program's
 ``torch.compile`` (and ``nn.Module.compile``, which calls it) becomes while it runs.  dynamo,
@@ -13,6 +14,6 @@ kernels skipped), the compiled backward.  Knows nothing of the program's steps o
 
 from __future__ import annotations
 
-from graphmem.trace.compiled.compiler import compiler
+from graphmem.trace.compiled.compiler import compiler, compiler_folders
 
-__all__ = ["compiler"]
+__all__ = ["compiler", "compiler_folders"]

@@ -45,6 +45,7 @@ from graphmem.errors import TraceError
 from graphmem.job.assume import Assumptions
 from graphmem.job.program import Program
 from graphmem.records import Phase, Trace
+from graphmem.trace.compiled import compiler_folders
 from graphmem.trace.core.fake_mode import recording_fake_mode
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.program.as_main import as_main
@@ -139,7 +140,7 @@ def _record(program: Program, gpu: GpuTarget | None, rank: int, cut: bool, mailb
     recorder = _program_recorder(gpu)
     books, ending, exchange = Books(recorder, program.steps), Ending(), Exchange(mailbox or Mailbox())
     with tempfile.TemporaryDirectory(prefix="graphmem-program-") as folder, contextlib.ExitStack() as capture:
-        scratch = Scratch(os.path.join(folder, "layer"), program.write_through)
+        scratch = Scratch(os.path.join(folder, "layer"), (*program.write_through, *compiler_folders()))
         held: list[Callable[[bool], None]] = []  # the cut try's output, written out once it stands
         # where the cut try's output is held: opened now, outside the program's file layer
         outputs = (tempfile.TemporaryFile(dir=folder), tempfile.TemporaryFile(dir=folder)) if cut else None
