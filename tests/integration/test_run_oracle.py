@@ -81,13 +81,6 @@ def test_hf_trainer_script(tmp_path: Path) -> None:
     _equal(PROGRAMS / "hf_trainer.py", [str(tmp_path / "out")])
 
 
-@pytest.mark.slow
-def test_nanogpt_style_script(tmp_path: Path) -> None:
-    """A numpy memmap of tokens, from_numpy batches, weight tying, SDPA, an evaluation before
-    training, gradient accumulation, clipping, a GradScaler, torch.compile, checkpoint saves."""
-    _equal(PROGRAMS / "nanogpt_style.py", ["--out", str(tmp_path)])
-
-
 def test_lightning_trainer_fit() -> None:
     """Lightning's Trainer.fit (its own loop, closure-based optimizer step, an MSE loss)."""
     pytest.importorskip("lightning")  # imported before both: its import-time tensors count in neither
