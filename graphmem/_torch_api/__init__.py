@@ -31,6 +31,14 @@ from graphmem._torch_api.autograd import (
     current_autograd_node,
     node_sequence_nr,
 )
+from graphmem._torch_api.compiled import (
+    compile_with_inductor,
+    compiles_a_module_call,
+    global_hooks_off,
+    inductor_cache_dir,
+    mode_options,
+    replay_on_fakes,
+)
 from graphmem._torch_api.dispatch import (
     TENSOR_CHECK,
     HigherOrderOperator,
@@ -49,14 +57,6 @@ from graphmem._torch_api.dispatch import (
     tensor_check,
     tree_flatten,
     tree_map,
-)
-from graphmem._torch_api.compiled import (
-    compile_with_inductor,
-    global_hooks_off,
-    graph_break_reasons,
-    inductor_cache_dir,
-    mode_options,
-    replay_on_fakes,
 )
 from graphmem._torch_api.distributed import (
     dtensor_sharding_fakes_on,
@@ -142,8 +142,8 @@ from graphmem._torch_api.tensors import (
 
 __all__ = [
     "compile_with_inductor",
+    "compiles_a_module_call",
     "global_hooks_off",
-    "graph_break_reasons",
     "inductor_cache_dir",
     "mode_options",
     "replay_on_fakes",

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_with_inductor", "global_hooks_off", "graph_break_reasons", "inductor_cache_dir", "mode_options",
-           "replay_on_fakes"]
+__all__ = ["compile_with_inductor", "compiles_a_module_call", "global_hooks_off", "inductor_cache_dir",
+           "mode_options", "replay_on_fakes"]
 
 # the generated module's kernels: ``name = async_compile.cpp_pybinding(...)`` (also .triton, .cpp)
 _KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.MULTILINE)
@@ -115,13 +115,6 @@ def compile_with_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any], c
         return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
-def graph_break_reasons() -> dict[str, int]:
-    """dynamo's graph breaks so far in this process: reason -> count."""
-    from torch._dynamo.utils import counters
-
-    return dict(counters["graph_break"])
-
-
 def inductor_cache_dir() -> str:
     """The folder inductor writes its generated code and its compiled kernels to, made now and
     kept for the process (it names it in ``TORCHINDUCTOR_CACHE_DIR``: a later change of the
@@ -164,3 +157,8 @@ def _forward_hooks_off(module: Any) -> Iterator[None]:
     finally:
         for table, held in zip(tables, saved, strict=True):
             table.update(held)
+
+
+def compiles_a_module_call(target: Any) -> bool:
+    """``target`` is a module's own call (what ``nn.Module.compile()`` hands torch.compile)."""
+    return getattr(target, "__func__", None) is torch.nn.Module._call_impl

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import GPT  # noqa: E402
+from gpt import GPT
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--budget", type=float, default=None)

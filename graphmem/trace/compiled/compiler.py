@@ -13,6 +13,7 @@ from torch import nn
 
 from graphmem._torch_api import (
     compile_with_inductor,
+    compiles_a_module_call,
     global_hooks_off,
     inductor_cache_dir,
     mode_options,
@@ -39,7 +40,7 @@ def compiler(recorder: Recorder, compile: Callable[..., Any]) -> Callable[..., A
             return lambda fn: replaced(fn, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
                                        options=options, disable=disable)
         if disable or backend != "inductor" or getattr(model, "__name__", "") in _ONE_KERNEL \
-                or recorder.books.on_gpu is not None or getattr(model, "__func__", None) is nn.Module._call_impl:
+                or recorder.books.on_gpu is not None or compiles_a_module_call(model):
             # another backend, a GPU target (inductor's CUDA code is not modelled yet), or
             # ``model.compile()`` (dynamo would trace graphmem's own global module hooks with
             # the module's call): the program's code runs eagerly, as graphmem ran it before
