@@ -36,7 +36,7 @@ def run(assets: str, nproc: int, whole: bool) -> dict[str, object]:
             "sys.stdout.write(done.stdout); sys.stderr.write(done.stderr[-4000:]); "
             "print('\\nBENCH', time.perf_counter() - start, "
             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, done.returncode, file=sys.stderr)")
-    command = [sys.executable, "-m", "graphmem", "run", "--format", "json", "--gpu", "h100", "--nproc-per-node",
+    command = [sys.executable, "-m", "graphmem", "run", "--format", "json", "--gpu", "h100-80gb", "--nproc-per-node",
                str(nproc), str(TITAN / "train.py"), *ARGS]
     done = subprocess.run([sys.executable, "-c", code, *command], env=env, capture_output=True, text=True,
                           cwd=ROOT)

@@ -14,9 +14,11 @@ import torch
 from graphmem import progress
 from graphmem._torch_api import OP_ERRORS, OpOverload
 from graphmem.errors import GraphmemError, UserInputError
-from graphmem.job.job import DEFAULT_GPU, Job, make_job
+from graphmem.job.job import DEFAULT_GPU, Job, edited, make_job
 from graphmem.job.load import ModelSource
+from graphmem.job.option import fold, spelling
 from graphmem.job.program import Program, make_program, program_ranks
+from graphmem.job.sections import Target
 from graphmem.job.spec import InputSpec, input_symbol, parse_input_spec, spec_at, substitute, validate_inputs
 from graphmem.memory.analyse import CudaSetup, allocator_again, analyse, highest_first
 from graphmem.memory.liveness import POLICIES
@@ -75,10 +77,10 @@ def analyze(job: Job | str | ModelSource | None = None,
         The CUDA target is modelled from PyTorch's source, not yet measured on a GPU.
     """
     job = _resolved(job, inputs, keywords, policy)
-    if input_symbol(job.inputs) is not None:
-        validate_inputs(job.inputs, symbolic=False)
+    if input_symbol(job.inputs.specs) is not None:
+        validate_inputs(job.inputs.specs, symbolic=False)
     built = build(job, rules)
-    return report_modes(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs],
+    return report_modes(job, built, policy, record_step, [parse_input_spec(text) for text in job.inputs.specs],
                         fork_ranks=True, checkpoint_comparison=checkpoint_comparison)
 
 
@@ -120,8 +122,8 @@ class PeakCurve:
         def replay(*args: Any, **kwargs: Any) -> Trace:  # the recordings, in the order report_modes asks for them
             trace = next(traces)
             return trace if value == self.hint else trace_at(trace, value)
-        job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
-        specs = [spec_at(t, self.symbol, value) for t in self.job.inputs]
+        job = self.job.with_inputs(tuple(substitute(t, self.symbol, value) for t in self.job.inputs.specs))
+        specs = [spec_at(t, self.symbol, value) for t in self.job.inputs.specs]
         return report_modes(job, self.built, self.policy, replay, specs)
 
 
@@ -139,7 +141,7 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
         UserInputError: no size symbol among the inputs, or a hint below 2.
     """
     job = _resolved(job, inputs, keywords, policy)
-    symbol = validate_inputs(job.inputs, symbolic=True)
+    symbol = validate_inputs(job.inputs.specs, symbolic=True)
     assert symbol is not None, "analyze_curve: validate_inputs returned no symbol"
     if hint < 2:
         raise UserInputError(f"a curve is recorded at {symbol} >= 2 (sizes 0 and 1 are special cases); got {hint}")
@@ -157,8 +159,8 @@ def analyze_curve(job: Job | str | ModelSource | None = None,
         recorded.append(trace if trace is not None else record_step(model, recording, cuda=cuda))
         return recorded[-1]
 
-    at_hint = replace(job, inputs=tuple(substitute(t, symbol, hint) for t in job.inputs))
-    report_modes(at_hint, built, policy, record, [spec_at(t, symbol, hint) for t in job.inputs])
+    at_hint = job.with_inputs(tuple(substitute(t, symbol, hint) for t in job.inputs.specs))
+    report_modes(at_hint, built, policy, record, [spec_at(t, symbol, hint) for t in job.inputs.specs])
     return PeakCurve(job=job, symbol=symbol, hint=hint, traces=tuple(recorded), policy=policy, built=built)
 
 
@@ -167,14 +169,14 @@ def _resolved(job: Job | str | ModelSource | None, inputs: Any, keywords: dict[s
     if not isinstance(job, Job):
         job = make_job(keywords.pop("model", job), keywords.pop("inputs", inputs), **keywords)
     elif inputs or keywords:
-        job = job.updated(**({"inputs": inputs} if inputs else {}), **keywords)
+        job = edited(job, **({"inputs": inputs} if inputs else {}), **keywords)
     if policy not in POLICIES:
         raise UserInputError(f"unknown policy {policy!r}; expected one of: {', '.join(POLICIES)}")
     job = job.with_preset()
-    if not job.inputs and job.generate is None:
-        raise UserInputError("no input given; pass at least one --input such as 32x1000")
-    if job.model is None:
-        raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
+    if not job.inputs.specs and job.generate is None:
+        raise UserInputError(f"no input given; pass at least one {spelling('inputs')} such as 32x1000")
+    if job.model.target is None:
+        raise UserInputError(f"no model given: pass TARGET (pkg.module:Attr) or {spelling('preset')} NAME")
     return job
 
 
@@ -217,17 +219,21 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
     device = "cuda" if gpu is not None else device
     if device not in ("cpu", "cuda"):
         raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
+    target = fold(Target, {"device": device, "gpu": gpu, "sdpa": sdpa, "alloc_conf": alloc_conf})
     if isinstance(program, str):
         program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
-                               nnodes=nnodes, write_through=tuple(write_through), ranks=ranks)
-    elif ranks != "auto":  # in place of the Program's own
-        program = replace(program, ranks=program_ranks(ranks, program.world_size))
-    modeled = frozenset(str(op) for op in rules_for(device).scratch)
-    cuda = CudaSetup.of(gpu or DEFAULT_GPU, alloc_conf) if device == "cuda" else None
+                               nnodes=nnodes, write_through=tuple(write_through), ranks=ranks, runs_on=target)
+    else:  # what is given replaces the Program's own
+        given = (device, gpu, alloc_conf, sdpa) != ("cpu", None, None, "auto")
+        program = replace(program, runs_on=target if given else program.runs_on,
+                          ranks=program.ranks if ranks == "auto" else program_ranks(ranks, program.world_size))
+    where = program.runs_on
+    modeled = frozenset(str(op) for op in rules_for(where.device).scratch)
+    cuda = CudaSetup.of(where.gpu or DEFAULT_GPU, where.alloc_conf) if where.device == "cuda" else None
     memory = partial(_gpu_memory, cuda=cuda, policy=policy, modeled=modeled)
-    launched = record_program(program, partial(_gpu_target, cuda, sdpa, memory) if cuda is not None else None)
+    launched = record_program(program, partial(_gpu_target, cuda, where.sdpa, memory) if cuda is not None else None)
     reports = {rank: _rank_report(traced, policy, modeled, cuda) for rank, traced in launched.traces.items()}
-    return _program_report(program, device, cuda, launched, reports)
+    return _program_report(program, where.device, cuda, launched, reports)
 
 
 def _gpu_target(cuda: CudaSetup, sdpa: str, memory: Callable[[Trace, int], GpuMemory]) -> GpuTarget:

@@ -22,9 +22,12 @@ from graphmem import interrupts, progress
 from graphmem._torch_api import OpOverload
 from graphmem.job.assume import Assumptions
 from graphmem.job.finetune import count_trained, prepare_finetuning
+from graphmem.job.generation import GenerateSpec
 from graphmem.job.job import Job
 from graphmem.job.load import construct_model, resolve_target
-from graphmem.job.spec import GenerateSpec, InputSpec
+from graphmem.job.option import spelling
+from graphmem.job.sections import Finetune
+from graphmem.job.spec import InputSpec
 from graphmem.job.step import StepConfig, resolve_optimizer
 from graphmem.memory.analyse import CudaSetup, analyse, highest_first
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
@@ -52,19 +55,22 @@ class Built:
 
 def build(job: Job, rules: Mapping[OpOverload, Rule] | None) -> Built:
     """Build the model (on the meta device), apply fine-tuning, resolve the target."""
-    step, cuda = job.step, CudaSetup.of(job.gpu, job.alloc_conf) if job.device == "cuda" else None
+    target = job.target.cuda
+    step, cuda = job.step, CudaSetup.of(target.gpu, target.alloc_conf) if target is not None else None
     if cuda is not None:
         step = replace(step, optimizer_impl=_cuda_default_impl(step))
-    assert job.model is not None, "build: a resolved job has a model"
-    source = resolve_target(job.model) if isinstance(job.model, str) else job.model
+    assert job.model.target is not None, "build: a resolved job has a model"
+    source = resolve_target(job.model.target) if isinstance(job.model.target, str) else job.model.target
     progress.show(f"building {job.target_name}")
-    built = construct_model(source, job.model_kwargs, job.hf_config, device=job.device)
-    module = prepare_finetuning(built.module, job.freeze, job.lora, dtype=job.dtype,
-                                owned=not isinstance(source, torch.nn.Module), quantize=job.quantize_base)
-    dtype = None if job.lora is not None else job.dtype  # LoRA: converted before peft, as trainers do
+    built = construct_model(source, job.model.kwargs, job.model.hf_config, device=job.device)
+    tuning = job.finetune or Finetune()
+    module = prepare_finetuning(built.module, tuning.freeze, tuning.lora, dtype=job.model.dtype,
+                                owned=not isinstance(source, torch.nn.Module), quantize=tuning.quantize_base)
+    dtype = None if tuning.lora is not None else job.model.dtype  # LoRA: converted before peft, as trainers do
     interrupts.check()
     table = rules_for(job.device, rules)
-    return Built(module=module, dtype=dtype, step=step, cuda=cuda, table=table, assume=Assumptions.of(job.assume),
+    return Built(module=module, dtype=dtype, step=step, cuda=cuda, table=table,
+                 assume=Assumptions.of(job.inputs.assume),
                  modeled=frozenset(str(op) for op in table.scratch),
                  notes=(built.note,) if built.note else ())  # how it was built, when not on the meta device
 
@@ -91,7 +97,7 @@ def report_modes(job: Job, built: Built, policy: str, trace_of: Callable[..., Tr
     when there are cores for them; ``checkpoint_comparison``: a checkpointed step is also
     analysed without checkpointing."""
     base = Recording(inputs=tuple(specs), device=job.device, dtype=built.dtype, rules=built.table, assume=built.assume,
-                     parallel=job.parallel, sample=job.sample.by_name if job.sample else {})
+                     parallel=job.parallel, sample=job.inputs.sample.by_name if job.inputs.sample else {})
     modes = _Modes(job, built, policy, trace_of, base, fork_ranks)
     gpu, step = built.cuda.gpu if built.cuda else None, built.step
     if job.generate is not None:
@@ -102,16 +108,16 @@ def report_modes(job: Job, built: Built, policy: str, trace_of: Callable[..., Tr
     inference = _run_mode(modes, "inference", step) if job.mode in ("inference", "both") else None
     labelled = _labels_from_ids(built.module, specs, step)
     train = _run_mode(modes, "train", step, labelled) if job.mode in ("train", "both") else None
-    baseline = (_run_mode(modes, "train", replace(step, checkpoint=()), labelled)
+    baseline = (_run_mode(modes, "train", replace(step, checkpoint=None), labelled)
                 if train and step.checkpoint and checkpoint_comparison else None)
     if labelled and train is not None:
         note = ("training: no labels were given, so the input ids are used as labels (a copy, as causal "
-                "language-model trainers pass them); give labels=... or --loss to change it")
+                f"language-model trainers pass them); give labels=... or {spelling('loss')} to change it")
         train = replace(train, assumptions=(*train.assumptions, note))
     return MemoryReport(target=job.target_name, device=job.device, inputs=tuple(str(s) for s in specs),
                         inference=inference, train=train, train_without_checkpoint=baseline, gpu=gpu,
                         parallel=job.parallel.text if job.parallel else None,
-                        loss=step.loss if train is not None else None,
+                        loss=(train.trace.loss or step.loss) if train is not None else None,
                         trained=count_trained(built.module, _finetune_text(job)) if train is not None else None)
 
 
@@ -172,7 +178,7 @@ def _graph(modes: _Modes, recording: Recording) -> torch.fx.Graph:
 
 def _kernels(modes: _Modes) -> CudaKernels | None:
     """A new count of the CUDA target's kernel choices (None for the CPU)."""
-    return CudaKernels(modes.built.cuda.gpu, modes.job.sdpa) if modes.built.cuda else None
+    return CudaKernels(modes.built.cuda.gpu, modes.job.target.sdpa) if modes.built.cuda else None
 
 
 def _generation(gen: GenerateSpec, run: Callable[[str, list[InputSpec]], ModeReport]) -> GenerateReport:
@@ -202,9 +208,7 @@ def _labels_from_ids(module: Any, specs: list[InputSpec], step: StepConfig) -> l
 
 def _finetune_text(job: Job) -> str | None:
     """What the report says was done to train only part of the model."""
-    if job.lora and job.quantize_base:
-        return f"{job.lora}, base weights in {job.quantize_base}"
-    return str(job.lora) if job.lora else ("frozen: " + ", ".join(job.freeze) if job.freeze else None)
+    return str(job.finetune) if job.finetune is not None else None
 
 
 def _cuda_default_impl(step: StepConfig) -> str:

@@ -135,6 +135,9 @@ class Trace:
     # the inputs whose values graphmem invented (nobody gave them) where a size would have come
     # from them; those sizes were recorded at their bound instead: the peak is an upper bound
     unseen_inputs: tuple[str, ...] = ()
+    # training: which loss the step took (``output.loss``, ``losses``, ``output``, or the --loss
+    # named); None where not known
+    loss: str | None = None
 
     @property
     def graph(self) -> torch.fx.Graph:

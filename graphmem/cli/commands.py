@@ -24,12 +24,14 @@ from graphmem._lazy import lazy_exports
 from graphmem.cli.arguments import program_arguments_apart
 from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
 from graphmem.cli.group import main
-from graphmem.cli.options import GraphmemCommand, ParsedType, job_from, job_options, output_options
+from graphmem.cli.options import GraphmemCommand, ParsedType, job_from, job_options, output_options, section_options
 from graphmem.cli.process import print_result, raise_if_interrupted, user_output_to_stderr
-from graphmem.cuda.gpus import GPUS, get_gpu
+from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import TraceError, UserInputError
-from graphmem.job.choices import ANALYSIS_MODES, DEFAULT_GPU, SDPA_CHOICES
+from graphmem.job.choices import ANALYSIS_MODES
 from graphmem.job.grammar import input_symbol, parse_sweep
+from graphmem.job.option import flag, fold, spelling
+from graphmem.job.sections import CudaTarget, Target
 from graphmem.preflight.budget import METRICS, BudgetAmount, parse_budget, parse_margin, resolve_budget
 from graphmem.report.formats import COLLAPSE_CHOICES, RENDERER_NAMES
 from graphmem.report.paths import check_html_path, check_output_path
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from graphmem.preflight.verdict import check, judge
     from graphmem.report import RENDERERS, write_files
     from graphmem.report.files import StagedFiles, staged_files
-    from graphmem.report.header import Setup, allocator_setting, setup_of
+    from graphmem.report.header import program_settings, settings_of
     from graphmem.report.html import render_html
     from graphmem.report.plan_table import PLAN_RENDERERS
     from graphmem.report.policy_curve import write_policy_curve
@@ -71,7 +73,7 @@ _ANALYSIS = {
     "graphmem.preflight.verdict": ("check", "judge"),
     "graphmem.report": ("RENDERERS", "write_files"),
     "graphmem.report.files": ("staged_files",),
-    "graphmem.report.header": ("Setup", "allocator_setting", "setup_of"),
+    "graphmem.report.header": ("program_settings", "settings_of"),
     "graphmem.report.html": ("render_html",),
     "graphmem.report.plan_table": ("PLAN_RENDERERS",),
     "graphmem.report.policy_curve": ("write_policy_curve",),
@@ -186,11 +188,13 @@ def _distinct(**paths: str | None) -> None:
 @click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
               help="Also write one self-contained page FILE.html (opens offline in any browser): the facts, "
                    "the memory timelines, the categories at the peak, the per-module table and, with "
-                   "--parallel, the per-GPU table.")
+                   f"{spelling('parallel')}, the per-GPU table.")
 @click.option("--sweep", "sweep_text", metavar="LETTER=LO..HI", default=None,
-              help="Peak memory against the dimension written as LETTER in --input (Bx1000, input_ids=1xS:int64): "
+              help=f"Peak memory against the dimension written as LETTER in {spelling('inputs')} (Bx1000, "
+                   "input_ids=1xS:int64): "
                    "B=1..64 (every value up to 32 of them, else 32 spread on a log scale) or B=1,8,32; one "
-                   "recording covers every value its size decisions hold for. With --gpu, the GPU's memory "
+                   f"recording covers every value its size decisions hold for. With {spelling('gpu')}, the GPU's "
+                   "memory "
                    "is the budget line.")
 def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth: int, top: int,
                     timeline: str | None, snapshot: str | None, dot: str | None, collapse: str,
@@ -208,7 +212,7 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
     with _analysis(debug):
         job = _job(options)
         report = analyze(job)
-        text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup_of(job))
+        text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=settings_of(job))
 
     def files(staged: StagedFiles) -> None:
         write_files(report, timeline=timeline, snapshot=snapshot, dot=dot, collapse=collapse, depth=depth,
@@ -230,8 +234,9 @@ def _budget_options(command: Any) -> Any:
     command = click.option("--margin", type=MarginType(), default="0%", show_default=True,
                            help="Keep this share free: fits when peak x (1 + margin) <= budget.")(command)
     return click.option("--budget", type=BudgetType(), default=None,
-                        help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of --gpu. "
-                             "Default: all of --gpu's memory.")(command)
+                        help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of "
+                             f"{spelling('gpu')}. "
+                             f"Default: all of {spelling('gpu')}'s memory.")(command)
 
 
 class _RunCommand(GraphmemCommand):
@@ -247,10 +252,6 @@ class _RunCommand(GraphmemCommand):
               help="Run a module as `python -m MODULE ARGS` does (PROGRAM is then its first argument).")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
               help="Optimizer steps to record; the program is stopped after the last (its finally blocks run).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-              help="What the program runs on (default: cuda with --gpu, else cpu). cpu: bytes as PyTorch's "
-                   "CPU execution allocates them; cuda: the program's \"cuda\" is --gpu, its memory what the "
-                   "caching allocator reserves (torch.cuda's memory calls in the program answer the same).")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Processes on the node, as torchrun --nproc-per-node starts them (1 included): each sees "
                    "torchrun's RANK, LOCAL_RANK, WORLD_SIZE; init_process_group (any backend) joins a process "
@@ -261,13 +262,7 @@ class _RunCommand(GraphmemCommand):
 @click.option("--ranks", default="auto", show_default=True, metavar="auto|all|R,R,...",
               help="With --nproc-per-node: the ranks to record (auto: rank 0, the last, and the first rank "
                    "of each pipeline stage).")
-@click.option("--gpu", default=None, metavar="NAME",
-              help=f"The GPU the program's \"cuda\" is ({', '.join(GPUS)}); implies --device cuda. With "
-                   f"--device cuda alone: {DEFAULT_GPU}.")
-@click.option("--sdpa", type=click.Choice(SDPA_CHOICES), default="auto", show_default=True,
-              help="On the GPU: attention backend; auto is PyTorch's own choice for the GPU and dtype.")
-@click.option("--alloc-conf", default=None, metavar="TEXT",
-              help="On the GPU: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).")
+@section_options(Target)
 @click.option("--allow-network", is_flag=True, default=False,
               help="Let the program connect to servers (default: its connections are refused).")
 @click.option("--write-through", "write_through", multiple=True, metavar="PATH",
@@ -319,18 +314,18 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
     assert target is not None
     with _analysis(debug):
         if device == "cpu" and gpu is not None:
-            raise UserInputError(f"--gpu {gpu} is a GPU and --device cpu the CPU: give one of them")
-        gpu = gpu or (DEFAULT_GPU if device == "cuda" else None)
-        limit = resolve_budget(budget, get_gpu(gpu) if gpu else None, margin) if budget is not None else None
+            raise UserInputError(f"{flag(CudaTarget, 'gpu')} {gpu} is a GPU and {flag(Target, 'device')} cpu the "
+                                 "CPU: give one of them")
+        where = fold(Target, {"device": device, "gpu": gpu, "sdpa": sdpa, "alloc_conf": alloc_conf})
+        limit = resolve_budget(budget, get_gpu(where.gpu) if where.gpu else None, margin) \
+            if budget is not None else None
         _load()
         chosen = make_program(target, tuple(argv), module=module is not None, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes, allow_network=allow_network,
-                              write_through=write_through, ranks=ranks)
-        report = run_program(chosen, device=device or "cpu", gpu=gpu, sdpa=sdpa, alloc_conf=alloc_conf)
+                              write_through=write_through, ranks=ranks, runs_on=where, own_options=_own_options())
+        report = run_program(chosen)
         train = report.train
-        conf, source = allocator_setting(alloc_conf) if gpu else ("", "")
-        setup = Setup(training=True, optimizer=train.optimizer or "none" if train else "none", gpu=gpu,
-                      alloc_conf=conf or "", alloc_conf_source=source if conf else "", sdpa=sdpa)
+        setup = program_settings(train.optimizer or "none" if train else "none", where)
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=setup)
         # a program that failed gets no verdict; the allocator's what-if reuses the recording (the program runs once)
         verdict = judge(report, "train", limit, lambda conf: program_allocator_again(report, conf), alloc_conf) \
@@ -356,6 +351,14 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
         click.get_current_context().exit(SUCCESS if verdict.fits else DOES_NOT_FIT)
 
 
+def _own_options() -> frozenset[str]:
+    """The current command's option names (``--steps``, ``-o``...; not ``-m``, which programs use
+    too): a program given one of them is told they go before the script."""
+    command = click.get_current_context().command
+    return frozenset(name for param in command.params if isinstance(param, click.Option)
+                     for name in (*param.opts, *param.secondary_opts)) - {"-m"}
+
+
 def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: bool, files: list[str],
                    options: dict[str, Any]) -> None:
     """``analyze --sweep``: the peaks at each value (graphmem.preflight.search.sweep)."""
@@ -367,16 +370,17 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
         job = _job(options)
         if fmt not in SWEEP_RENDERERS:  # a --format of analyze's that sweeps do not print
             raise UserInputError(f"--sweep prints a table or JSON; got --format {fmt}")
-        inputs = job.with_preset().inputs
+        inputs = job.with_preset().inputs.specs
         symbol = input_symbol(inputs)
         if symbol != letter:
             where = f"the inputs use {symbol}" if symbol else "no input has a capital-letter dimension"
-            raise UserInputError(f"--sweep {text} sweeps {letter}, but {where}; write it in --input, e.g. "
-                                 f"--input {letter}x1000")
+            raise UserInputError(f"--sweep {text} sweeps {letter}, but {where}; write it in {spelling('inputs')}, "
+                                 "e.g. "
+                                 f"{spelling('inputs')} {letter}x1000")
         gpu = get_gpu(options["gpu"]) if options["gpu"] else None
         result = sweep(job, values, resolve_budget(None, gpu) if gpu else None)
         context = Context(target=job.target_name, inputs=inputs, device=job.device,
-                          mode=job.mode, gpu=gpu.name if gpu else None, setup=setup_of(job))
+                          mode=job.mode, gpu=gpu.name if gpu else None, setup=settings_of(job))
         rendered = SWEEP_RENDERERS[fmt](result, context, units)
     _write(rendered, output, debug)
 
@@ -392,8 +396,8 @@ def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fra
     gpu = get_gpu(options["gpu"]) if options["gpu"] else None
     shown = job.with_preset()
     mode = f"generation {job.generate.prompt}+{job.generate.new} x {job.generate.batch}" if job.generate else job.mode
-    context = Context(target=job.target_name, inputs=shown.inputs, device=job.device, mode=mode,
-                      gpu=gpu.name if gpu else None, setup=setup_of(job))
+    context = Context(target=job.target_name, inputs=shown.inputs.specs, device=job.device, mode=mode,
+                      gpu=gpu.name if gpu else None, setup=settings_of(job))
     return job, resolve_budget(budget, gpu, margin), context
 
 
@@ -419,7 +423,8 @@ def check_command(budget: BudgetAmount | None, margin: Fraction, metric: str | N
         job, limit, context = _preflight(options, budget, margin)
         if metric is not None and job.device != "cuda":
             raise UserInputError(f"--metric {metric} names one of a GPU's numbers, but the target is {job.device}, "
-                                 "whose one number is the peak; add --gpu NAME (or --device cuda), or drop --metric")
+                                 f"whose one number is the peak; add {spelling('gpu')} NAME (or {spelling('device')} "
+                                 "cuda), or drop --metric")
         result = check(job, limit, metric or "reserved")
         text = CHECK_RENDERERS[fmt](result, context, units)
     _write(text, output, debug)
@@ -456,7 +461,7 @@ main.add_command(max_batch_command, name="max-seq")
 @_budget_options
 @click.option("--world-size", type=click.IntRange(min=1), default=None,
               help="GPUs you could use: adds ZeRO-1 and FSDP2 rows sharding over up to N of them (analysed). "
-                   "Default: the job's own (one GPU, or the GPUs of --parallel).")
+                   f"Default: the job's own (one GPU, or the GPUs of {spelling('parallel')}).")
 @click.option("--prune-amount", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
               show_default=True, help="Share of each Linear/Conv weight the pruning rows remove.")
 @click.option("--group-size", type=click.IntRange(min=1), default=128, show_default=True,
@@ -464,7 +469,8 @@ main.add_command(max_batch_command, name="max-seq")
 @click.option("--policy", "policy", is_flag=True,
               help="Choose which blocks to checkpoint: the least recompute whose peak fits the budget, solved "
                    "over every choice and verified by analysis, with the memory/recompute front (instead of "
-                   "the table of remedies; training, on one device or under --parallel fsdp=N, where it also "
+                   f"the table of remedies; training, on one device or under {spelling('parallel')} fsdp=N, where it "
+                   "also "
                    "chooses FSDP2's reshard_after_forward, and finer units where they help).")
 @click.option("--emit-policy", "emit_policy", default=None, metavar="FILE.py", callback=_output_kind("policy"),
               help="With --policy: write the chosen policy as a Python module (apply_policy(model), torchtitan's "
@@ -481,7 +487,8 @@ main.add_command(max_batch_command, name="max-seq")
                    "blocks. Implies --policy.")
 @click.option("--policy-ops/--no-policy-ops", "policy_ops", default=True, show_default=True,
               help="With --policy: after choosing the blocks, keep the outputs of single ops inside them (a "
-                   "submodule's matmuls, the attention) where the budget leaves room, and under --parallel "
+                   "submodule's matmuls, the attention) where the budget leaves room, and under "
+                   f"{spelling('parallel')} "
                    "fsdp=N the last units' parameters, each step analysed; --no-policy-ops: neither, whole "
                    "blocks and one setting for every unit only.")
 def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
@@ -507,7 +514,7 @@ def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units:
 
     def files(staged: StagedFiles) -> None:
         if plan.policy is not None and emit_policy is not None:
-            described = " ".join([context.target, *(f"--input {i}" for i in context.inputs)])
+            described = " ".join([context.target, *(f"{spelling('inputs')} {i}" for i in context.inputs)])
             Path(staged.path_for(emit_policy)).write_text(render_policy_module(plan.policy, described),
                                                           encoding="utf-8")
         if plan.policy is not None and policy_curve is not None:

@@ -14,6 +14,7 @@ import click
 
 from graphmem import __version__
 from graphmem.cli.process import GraphmemGroup
+from graphmem.job.option import spelling
 
 __all__ = ["FIRST_PARAGRAPH", "main"]
 
@@ -24,10 +25,12 @@ FIRST_PARAGRAPH = {
              "allocator's reserved peak plus the CUDA context and NCCL buffers); 1: it does not; 2: usage error; "
              "3: the analysis failed; 130: interrupted.",
     "max-batch": "The largest batch (max-batch) or sequence length (max-seq) that fits: the dimension written as a "
-                 "capital letter in --input (Bx1000, 1xSx64). N fits and N+1 does not, both analysed. Exit 0 when "
+                 f"capital letter in {spelling('inputs')} (Bx1000, 1xSx64). N fits and N+1 does not, both analysed. "
+                 "Exit 0 when "
                  "some value fits, 1 when even 1 does not.",
     "max-seq": "The largest batch (max-batch) or sequence length (max-seq) that fits: the dimension written as a "
-               "capital letter in --input (Bx1000, 1xSx64). N fits and N+1 does not, both analysed. Exit 0 when "
+               f"capital letter in {spelling('inputs')} (Bx1000, 1xSx64). N fits and N+1 does not, both analysed. "
+               "Exit 0 when "
                "some value fits, 1 when even 1 does not.",
     "plan": "What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer, accumulation, "
             "ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its predicted peak, saving "

@@ -97,8 +97,9 @@ _PRESETS = (
 )
 
 GPUS: dict[str, GPU] = {gpu.name: gpu for gpu in _PRESETS}
-_ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "h100-nvl": "h100-94gb", "a100": "a100-80gb",
-            "v100": "v100-32gb", "4090": "rtx-4090", "3090": "rtx-3090", "5090": "rtx-5090"}
+# short names; a model sold with several memory sizes (a100, h100, v100) has none (get_gpu asks which)
+_ALIASES = {"h100-sxm": "h100-80gb", "h100-nvl": "h100-94gb", "4090": "rtx-4090", "3090": "rtx-3090",
+            "5090": "rtx-5090"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +126,27 @@ ROOFLINES: dict[str, Roofline] = {
 }
 
 
+def _sizes_of(key: str) -> list[str]:
+    """The presets a model's short name (``a100``, ``h100``) stands for, when they hold different
+    amounts of memory (one preset, or several of one size: an unambiguous name)."""
+    named = [n for n in GPUS if n.startswith(f"{key}-")] if key not in GPUS else []
+    return named if len({GPUS[n].total_memory_bytes for n in named}) > 1 else []
+
+
 def get_gpu(name: str) -> GPU:
-    """The preset for ``name`` (case and ``_``/``-`` insensitive; a few short aliases).
+    """The preset for ``name`` (case and ``_``/``-`` insensitive; a few short aliases, never one
+    for a model sold with several memory sizes: ``a100`` is refused, naming ``a100-40gb`` and
+    ``a100-80gb``).
 
     Raises:
-        UserInputError: an unknown name; the message lists the valid ones.
+        UserInputError: an unknown name (the message lists the valid ones), or a model's name
+            that stands for several memory sizes (the message lists them).
     """
     key = name.strip().lower().replace("_", "-")
+    sizes = _sizes_of(key)
+    if len(sizes) > 1:  # "a100": an A100-40GB owner must not get an 80 GB budget
+        raise UserInputError(f"GPU {name!r} comes in several memory sizes: give one of "
+                             f"{', '.join(f'{n} ({GPUS[n].total_memory_bytes / 2**30:.1f} GiB)' for n in sizes)}")
     key = _ALIASES.get(key, key)
     if key not in GPUS:
         raise UserInputError(f"unknown GPU {name!r}; expected one of {', '.join(GPUS)} "

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.spec import KEPT_FRACTION, READ_VALUE, ROUTING
 
 __all__ = ["BOXES", "DEFAULT_BOXES", "KNOBS", "Assumptions"]
@@ -46,7 +47,8 @@ class Assumptions:
         except ValueError:
             boxes = -1
         if boxes < 1:
-            raise UserInputError(f"--assume boxes={assume.get(BOXES)}: expected a positive number of ground-truth "
+            raise UserInputError(f"{spelling('assume')} boxes={assume.get(BOXES)}: expected a positive number of "
+                                 "ground-truth "
                                  "boxes per image, e.g. boxes=8")
         return cls(inputs={k: v for k, v in assume.items() if k not in KNOBS},
                    kept=float(assume[KEPT_FRACTION]) if KEPT_FRACTION in assume else None,
@@ -61,5 +63,5 @@ class Assumptions:
         """
         unknown = set(self.inputs) - set(names)
         if unknown:
-            raise UserInputError(f"--assume names {', '.join(sorted(unknown))}, which is not an input; "
+            raise UserInputError(f"{spelling('assume')} names {', '.join(sorted(unknown))}, which is not an input; "
                                  f"inputs: {', '.join(names)}")

@@ -28,6 +28,7 @@ from graphmem.job.choices import QUANTIZED_BASES
 from graphmem.job.lora_spec import LORA_KEYS, LoraSpec, read_lora
 from graphmem.job.lora_spec import quiet_logger as _quiet_logger
 from graphmem.job.lora_spec import require_peft as _require_peft
+from graphmem.job.option import spelling
 
 __all__ = ["ALL_BUT", "LORA_KEYS", "QUANTIZED_BASES", "LoraSpec", "TrainedParameters", "count_trained",
            "parse_freeze", "parse_lora", "parse_quantize_base", "prepare_finetuning"]
@@ -68,14 +69,14 @@ def parse_quantize_base(kind: str | None) -> str | None:
     if kind is None:
         return None
     if kind not in QUANTIZED_BASES:
-        raise UserInputError(f"--quantize-base {kind!r}: expected one of: {', '.join(QUANTIZED_BASES)} "
+        raise UserInputError(f"{spelling('quantize_base')} {kind!r}: expected one of: {', '.join(QUANTIZED_BASES)} "
                              "(nf4-dq: nf4 with double quantization of the scales; int8: LLM.int8)")
     for package in ("bitsandbytes", "transformers", "peft"):
         try:
             with _quiet_logger("bitsandbytes"):  # its notes on optional CPU kernels, at import
                 __import__(package)
         except ImportError:
-            raise UserInputError(f"--quantize-base needs the {package} package: {_QLORA_HINT}") from None
+            raise UserInputError(f"{spelling('quantize_base')} needs the {package} package: {_QLORA_HINT}") from None
     return kind
 
 
@@ -87,7 +88,7 @@ def parse_freeze(patterns: Sequence[str] | str) -> tuple[str, ...]:
     found = tuple(p.strip() for text in patterns for p in str(text).split(",") if p.strip())
     for pattern in found:
         if pattern.startswith(ALL_BUT) and not pattern.removeprefix(ALL_BUT).strip():
-            raise UserInputError(f"--freeze {pattern!r}: expected {ALL_BUT}GLOB, e.g. {ALL_BUT}lm_head.*")
+            raise UserInputError(f"{spelling('freeze')} {pattern!r}: expected {ALL_BUT}GLOB, e.g. {ALL_BUT}lm_head.*")
     return found
 
 
@@ -163,7 +164,7 @@ def _freeze(module: nn.Module, patterns: Sequence[str]) -> None:
     for pattern in [*frozen, *keep]:
         if not any(_matches(name, pattern) for name, _ in named):
             examples = ", ".join(name for name, _ in named[:4])
-            raise UserInputError(f"--freeze {pattern!r} matches no parameter; names look like: {examples} "
+            raise UserInputError(f"{spelling('freeze')} {pattern!r} matches no parameter; names look like: {examples} "
                                  f"({len(named)} in all; * matches any text, e.g. 'model.layers.0.*')")
     kept = {id(p) for name, p in named if any(_matches(name, k) for k in keep)}
     for name, param in named:
@@ -186,7 +187,7 @@ def _apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
         if not any(name == target or name.endswith("." + target) for name in names):
             leaves = sorted({n.rsplit(".", 1)[-1] for n, m in module.named_modules()
                              if n and not any(m.children()) and not n.rsplit(".", 1)[-1].isdigit()})
-            raise UserInputError(f"--lora target {target!r} matches no module; module names end in: "
+            raise UserInputError(f"{spelling('lora')} target {target!r} matches no module; module names end in: "
                                  f"{', '.join(leaves[:12])}")
     config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                         target_modules="all-linear" if spec.targets == ("all-linear",) else list(spec.targets))
@@ -195,7 +196,7 @@ def _apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
             warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecations peft triggers
             wrapped = get_peft_model(module, config)
     except (ValueError, TypeError) as exc:  # peft's own refusal, e.g. a layer type it cannot adapt
-        raise UserInputError(f"--lora {spec}: peft refused the model: {exc}") from exc
+        raise UserInputError(f"{spelling('lora')} {spec}: peft refused the model: {exc}") from exc
     inner: nn.Module = wrapped.get_base_model()
     return inner
 
@@ -237,7 +238,7 @@ def _quantize_base(module: nn.Module, kind: str, dtype: torch.dtype) -> None:
         replace_with_bnb_linear(module, modules_to_not_convert=skip, quantization_config=config)
         layers = [m for m in module.modules() if isinstance(m, Linear8bitLt if eight_bit else Linear4bit)]
         if not layers:
-            raise UserInputError(f"--quantize-base {kind}: the model has no linear layer to quantize")
+            raise UserInputError(f"{spelling('quantize_base')} {kind}: the model has no linear layer to quantize")
         for layer in layers:
             loaded = torch.empty(layer.weight.shape, dtype=dtype, device="meta")
             if eight_bit:  # row-wise int8 (CB, the weight's own storage) and a float32 scale per row (SCB)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 
 __all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "MAX_INT", "MAX_TENSOR_BYTES", "dtype_name", "format_blocks", "input_dims",
            "input_symbol", "parse_blocks", "parse_sweep", "read_input_spec", "substitute", "validate_inputs"]
@@ -168,13 +169,14 @@ def validate_inputs(texts: Sequence[str], *, symbolic: bool | None) -> str | Non
         UserInputError: a malformed spec, a missing or an unexpected symbol.
     """
     if not texts:
-        raise UserInputError("no input given; pass at least one --input such as 32x1000")
+        raise UserInputError(f"no input given; pass at least one {spelling('inputs')} such as 32x1000")
     symbol = input_symbol(texts)
     for text in texts:
         read_input_spec(substitute(text, symbol, 1))
     if symbolic is True and symbol is None:
         raise UserInputError(f"no symbolic dimension in {list(texts)!r}; mark the one to search with a "
-                             "capital letter: --input Bx1000 (batch) or --input 1xSx64 (sequence)")
+                             f"capital letter: {spelling('inputs')} Bx1000 (batch) or {spelling('inputs')} 1xSx64 "
+                             "(sequence)")
     if symbolic is False and symbol is not None:
         raise UserInputError(f"input {list(texts)!r} has a symbolic dimension {symbol!r}; give numbers, "
                              f"or search it with graphmem max-batch / max-seq")
@@ -195,15 +197,16 @@ def parse_blocks(text: str) -> tuple[int, ...]:
     found: list[int] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         if not _BLOCKS_RE.match(part):
-            raise UserInputError(f"--checkpoint-blocks: {part!r} is no block index or range; expected "
+            raise UserInputError(f"{spelling('checkpoint_blocks')}: {part!r} is no block index or range; expected "
                                  "indices and ranges from 0, e.g. 0-3,6")
         first, _, last = part.partition("-")
         low, high = int(first), int(last or first)
         if high < low:
-            raise UserInputError(f"--checkpoint-blocks: the range {part!r} runs backwards; write it {high}-{low}")
+            raise UserInputError(f"{spelling('checkpoint_blocks')}: the range {part!r} runs backwards; write it "
+                                 f"{high}-{low}")
         found += range(low, high + 1)
     if len(set(found)) != len(found):
-        raise UserInputError(f"--checkpoint-blocks: {text!r} names a block twice")
+        raise UserInputError(f"{spelling('checkpoint_blocks')}: {text!r} names a block twice")
     return tuple(sorted(found))
 
 
@@ -219,15 +222,15 @@ def parse_save_in(text: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
         blocks, equals, names = group.partition("=")
         saved = tuple(n.strip() for n in names.split(",") if n.strip())
         if not equals or not saved:
-            raise UserInputError(f"--checkpoint-save-in: {group!r} is not BLOCKS=NAMES; expected e.g. "
+            raise UserInputError(f"{spelling('checkpoint_save_in')}: {group!r} is not BLOCKS=NAMES; expected e.g. "
                                  "0=attn.proj:matmuls;2-3=matmuls,attention")
         try:
             chosen = parse_blocks(blocks)
         except UserInputError as exc:
-            raise UserInputError(f"--checkpoint-save-in: {group!r}: {str(exc).split(': ', 1)[1]}") from None
+            raise UserInputError(f"{spelling('checkpoint_save_in')}: {group!r}: {str(exc).split(': ', 1)[1]}") from None
         for block in chosen:
             if block in found:
-                raise UserInputError(f"--checkpoint-save-in: block {block} is given twice")
+                raise UserInputError(f"{spelling('checkpoint_save_in')}: block {block} is given twice")
             found[block] = saved
     return tuple(sorted(found.items()))
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from graphmem.errors import UserInputError
 from graphmem.job.fallback import first_line
+from graphmem.job.option import spelling
 
 __all__ = ["load_hf_config"]
 
@@ -34,12 +35,14 @@ def _cached_hub_config(repo_id: str) -> str:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as exc:
-        raise UserInputError(f"--hf-config {repo_id!r}: no such file, and reading a Hub model id needs "
+        raise UserInputError(f"{spelling('hf_config_file')} {repo_id!r}: no such file, and reading a Hub model id "
+                             "needs "
                              "huggingface_hub: pip install 'graphmem[hf]'; or give a local config.json") from exc
     try:
         return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
     except (OSError, ValueError) as exc:  # not cached (LocalEntryNotFoundError), a malformed id (HFValidationError)
-        raise UserInputError(f"--hf-config {repo_id!r}: no such file, and the config.json of Hub model {repo_id!r} "
+        raise UserInputError(f"{spelling('hf_config_file')} {repo_id!r}: no such file, and the config.json of Hub "
+                             f"model {repo_id!r} "
                              "is not in the Hugging Face cache (graphmem never downloads); fetch it once with "
                              f"`hf download {repo_id} config.json`, or give a local config.json") from exc
 
@@ -60,7 +63,8 @@ def load_hf_config(path: str | None, overrides: Mapping[str, Any] | None = None)
     values: dict[str, Any] = {}
     if path is not None and not os.path.exists(path):
         if not _is_hub_id(path):
-            raise UserInputError(f"--hf-config: no such file {path!r}; give a local config.json, or a Hub model id "
+            raise UserInputError(f"{spelling('hf_config_file')}: no such file {path!r}; give a local config.json, or "
+                                 "a Hub model id "
                                  "org/name whose config.json is in the Hugging Face cache")
         path = _cached_hub_config(path)
     if path is not None:
@@ -75,13 +79,15 @@ def _read_json_object(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as handle:
             values = json.load(handle)
     except json.JSONDecodeError as exc:
-        raise UserInputError(f"--hf-config: {path!r} is not valid JSON: {exc}") from exc
+        raise UserInputError(f"{spelling('hf_config_file')}: {path!r} is not valid JSON: {exc}") from exc
     except OSError as exc:
-        raise UserInputError(f"--hf-config: cannot read {path!r} ({exc.strerror or exc}); give a readable "
+        raise UserInputError(f"{spelling('hf_config_file')}: cannot read {path!r} ({exc.strerror or exc}); give a "
+                             "readable "
                              "config.json") from exc
     except (RecursionError, ValueError) as exc:  # not UTF-8, nested past Python's limit, a 5,000-digit number
         what = "nested too deeply" if isinstance(exc, RecursionError) else first_line(exc)
-        raise UserInputError(f"--hf-config: {path!r} is not a JSON file graphmem can read ({what})") from exc
+        raise UserInputError(f"{spelling('hf_config_file')}: {path!r} is not a JSON file graphmem can read "
+                             f"({what})") from exc
     if not isinstance(values, dict):
-        raise UserInputError(f"--hf-config: {path!r} holds no JSON object")
+        raise UserInputError(f"{spelling('hf_config_file')}: {path!r} holds no JSON object")
     return values

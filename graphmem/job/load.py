@@ -35,6 +35,7 @@ from torch import nn
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.fallback import TooLarge, first_line, on_cpu, on_fake, on_meta, reads_values
 from graphmem.job.hf_config import load_hf_config
+from graphmem.job.option import spelling
 from graphmem.units import format_bytes
 
 __all__ = ["resolve_target", "build_model", "construct_model", "BuiltModel", "load_hf_config", "ModelSource",
@@ -217,22 +218,23 @@ def construct_model(source: ModelSource, kwargs: Mapping[str, Any] | None = None
     given = dict(kwargs or {})
     if isinstance(source, nn.Module):
         if given:
-            raise UserInputError("--kwargs given, but the target is a module instance, not a "
-                                 "class or factory; drop --kwargs or point at the class")
+            raise UserInputError(f"{spelling('kwargs')} given, but the target is a module instance, not a "
+                                 f"class or factory; drop {spelling('kwargs')} or point at the class")
         return BuiltModel(source, None)
     name = getattr(source, "__qualname__", repr(source))
     call_kwargs = given
     if hf_config is not None:
         config_class = getattr(source, "config_class", None)
         if config_class is None:
-            raise UserInputError(f"--hf-config given, but {name} is not a transformers model class "
-                                 "(it has no config_class); drop --hf-config or point at one")
+            raise UserInputError(f"{spelling('hf_config_file')} given, but {name} is not a transformers model class "
+                                 f"(it has no config_class); drop {spelling('hf_config_file')} or point at one")
         call_kwargs = {"config": _make_config(config_class, {**hf_config, **given})}
     program = _target_of(source, name)
     # the model's own error names the options that fed its constructor, when any did, or the
     # arguments it lacks
     missing = _missing_arguments(source, call_kwargs)
-    options = [o for o, used in (("--kwargs", bool(given) and not missing), ("--hf-config", hf_config is not None))
+    options = [o for o, used in ((spelling("kwargs"), bool(given) and not missing),
+                                 (spelling("hf_config_file"), hf_config is not None))
                if used]
     hint = f"; check {' and '.join(options)}" if options else ""
     if hf_config is not None:
@@ -262,7 +264,7 @@ def _missing_arguments(source: Callable[..., Any], given: Mapping[str, Any]) -> 
     shown = {**{key: _short_json(value) for key, value in given.items()}, **dict.fromkeys(missing, "...")}
     example = "{" + ", ".join(f"{json.dumps(key)}: {value}" for key, value in shown.items()) + "}"
     what = "argument" if len(missing) == 1 else "arguments"
-    return f"; give the missing {what} {', '.join(missing)} with --kwargs '{example}'"
+    return f"; give the missing {what} {', '.join(missing)} with {spelling('kwargs')} '{example}'"
 
 
 def _short_json(value: Any) -> str:
@@ -282,9 +284,9 @@ def _make_config(config_class: Any, values: Mapping[str, Any]) -> Any:
     except Exception as exc:  # broad: a config class (transformers' or the user's) may refuse with anything
         said = " ".join(str(exc).split()) or type(exc).__name__  # one line, however the class wrote it
         said = said if len(said) <= 200 else said[:197] + "..."
-        raise UserInputError(f"--hf-config: {config_class.__name__} refused the config values: {said}"
+        raise UserInputError(f"{spelling('hf_config_file')}: {config_class.__name__} refused the config values: {said}"
                              f"{_mistyped(config_class, values)}; fix the value in the config.json or "
-                             "--hf-config-kwargs") from exc
+                             f"{spelling('hf_config')}") from exc
 
 
 def _mistyped(config_class: Any, values: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 
 __all__ = ["LORA_KEYS", "LoraSpec", "quiet_logger", "read_lora", "require_peft"]
 
@@ -36,13 +37,15 @@ class LoraSpec:
 
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
-            raise UserInputError(f"--lora r={self.r!r}: expected a positive integer such as r=16")
+            raise UserInputError(f"{spelling('lora')} r={self.r!r}: expected a positive integer such as r=16")
         if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
-            raise UserInputError("--lora needs target=MODULE[,MODULE], e.g. target=q_proj,v_proj (or all-linear)")
+            raise UserInputError(f"{spelling('lora')} needs target=MODULE[,MODULE], e.g. target=q_proj,v_proj (or "
+                                 "all-linear)")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, int) or self.alpha < 1:
-            raise UserInputError(f"--lora alpha={self.alpha!r}: expected a positive integer such as alpha=32")
+            raise UserInputError(f"{spelling('lora')} alpha={self.alpha!r}: expected a positive integer such as "
+                                 "alpha=32")
         if not 0 <= self.dropout < 1:
-            raise UserInputError(f"--lora dropout={self.dropout!r}: expected a number from 0 to below 1")
+            raise UserInputError(f"{spelling('lora')} dropout={self.dropout!r}: expected a number from 0 to below 1")
 
     def __str__(self) -> str:
         return f"LoRA r={self.r} on {', '.join(self.targets)}"
@@ -66,13 +69,14 @@ def read_lora(text: str | LoraSpec) -> LoraSpec:
         if eq:
             key = name.strip()
             if key not in LORA_KEYS:
-                raise UserInputError(f"--lora {text!r}: unknown key {key!r}; expected: {', '.join(LORA_KEYS)} "
+                raise UserInputError(f"{spelling('lora')} {text!r}: unknown key {key!r}; expected: "
+                                     f"{', '.join(LORA_KEYS)} "
                                      "(e.g. r=16,alpha=32,target=q_proj,v_proj)")
             values[key] = [value.strip()]
         elif part and key == "target":
             values[key].append(part)
         elif part:
-            raise UserInputError(f"--lora {text!r}: {part!r} is not KEY=VALUE; expected "
+            raise UserInputError(f"{spelling('lora')} {text!r}: {part!r} is not KEY=VALUE; expected "
                                  "r=16,alpha=32,target=q_proj,v_proj[,dropout=0.05]")
     return LoraSpec(r=_number(values, "r", int, None), targets=tuple(t for t in values.get("target", []) if t),
                     alpha=_number(values, "alpha", int, 8), dropout=_number(values, "dropout", float, 0.0))
@@ -81,7 +85,7 @@ def read_lora(text: str | LoraSpec) -> LoraSpec:
 def _number(values: dict[str, list[str]], key: str, kind: type, default: Any) -> Any:
     if key not in values:
         if default is None:
-            raise UserInputError(f"--lora needs {key}=N, e.g. r=16,alpha=32,target=q_proj,v_proj")
+            raise UserInputError(f"{spelling('lora')} needs {key}=N, e.g. r=16,alpha=32,target=q_proj,v_proj")
         return default
     text = values[key][0]
     try:
@@ -89,7 +93,7 @@ def _number(values: dict[str, list[str]], key: str, kind: type, default: Any) ->
     except ValueError:
         example = {"r": "a positive integer such as r=16", "alpha": "a positive integer such as alpha=32",
                    "dropout": "a number such as dropout=0.05"}[key]
-        raise UserInputError(f"--lora {key}={text!r}: expected {example}") from None
+        raise UserInputError(f"{spelling('lora')} {key}={text!r}: expected {example}") from None
 
 
 def require_peft() -> None:
@@ -98,7 +102,7 @@ def require_peft() -> None:
         with quiet_logger("bitsandbytes"):  # peft imports it when installed
             import peft  # noqa: F401
     except ImportError:
-        raise UserInputError(f"--lora needs the peft package: {_PEFT_HINT}") from None
+        raise UserInputError(f"{spelling('lora')} needs the peft package: {_PEFT_HINT}") from None
 
 
 @contextlib.contextmanager

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphmem.cuda.nccl import DEFAULT_NCCL_BUFFER_MB
 from graphmem.errors import UserInputError
-from graphmem.job.spec import parse_dtype
+from graphmem.job.choices import MODEL_DTYPES
+from graphmem.job.grammar import dtype_name, format_blocks, format_units, parse_blocks
+from graphmem.job.option import flag, option, shown
+from graphmem.job.step_config import blocks_of, names_of
 
 __all__ = ["PARALLEL_NAMES", "PP_SCHEDULES", "TP_STYLES", "ParallelSpec", "parse_parallel"]
 
@@ -44,6 +47,44 @@ TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_paral
 # planned, named so that the message says so instead of "unknown"
 _NOT_YET = {"cp": "context parallel"}
 _COMBINATIONS = ({"ddp"}, {"fsdp"}, {"zero1"}, {"ddp", "fsdp"}, {"tp"}, {"fsdp", "tp"}, {"pp"})
+
+
+def _parallel_json(degrees: tuple[tuple[str, int], ...] | None, facts: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The parallelism as the JSON ``setup`` shows it, with the rank the report shows."""
+    if degrees is None:
+        return None
+    keep = facts["section"]["keep_units"]
+    return {"spec": _text(degrees), "world_size": math.prod(d for _, d in degrees),
+            "rank_shown": facts.get("rank_shown"), "ranks_alike": facts.get("ranks_alike"),
+            **({"fsdp_keep_units": list(keep)} if keep else {})}
+
+
+def _parallel_row(degrees: tuple[tuple[str, int], ...] | None, facts: Mapping[str, Any]) -> str:
+    if degrees is None:
+        return ""
+    alike = facts.get("ranks_alike") or ()
+    also = f" (ranks {_ranks_text(alike)} alike)" if len(alike) > 1 else ""
+    rank = f"; the numbers are rank {facts['rank_shown']}'s, the highest peak{also}" \
+        if facts.get("rank_shown") is not None else ""
+    return f"{_text(degrees)} over {math.prod(d for _, d in degrees)} GPUs{rank}"
+
+
+def _kept_row(units: tuple[int, ...] | None, facts: Mapping[str, Any]) -> str:
+    if not units:
+        return ""
+    return f"{format_units(units)} {'keeps its' if len(units) == 1 else 'keep their'} parameters after forward"
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    # (0, 1, 2, 3) -> "0-3"; (0, 2) -> "0, 2"
+    ordered = sorted(ranks)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
+
+
+def _text(degrees: tuple[tuple[str, int], ...]) -> str:
+    return ",".join(f"{name}={degree}" for name, degree in degrees)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +117,58 @@ class ParallelSpec:
             (outside PyTorch's caching allocator; default and derivation in graphmem.cuda.nccl).
     """
 
-    degrees: tuple[tuple[str, int], ...]
-    bucket_mb: float = 25.0
-    bucket_view: bool = False
-    reshard_after_forward: bool | None = None
-    keep_units: tuple[int, ...] = ()
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-    units: tuple[str, ...] = ()
-    tp_plan: str | Mapping[str, Any] | None = None
-    parallelize: str | Callable[..., Any] | None = None
-    microbatches: int | None = None
-    schedule: str = "1f1b"
-    nccl_buffer_mb: float = DEFAULT_NCCL_BUFFER_MB
+    degrees: tuple[tuple[str, int], ...] = field(metadata=option(
+        "--parallel", metavar="NAME=N[,NAME=N]", from_field=lambda degrees: ",".join(f"{n}={d}" for n, d in degrees),
+        help="Training spread over GPUs, applied by PyTorch's own engines; memory per GPU: ddp=8 "
+             "(DistributedDataParallel), fsdp=8 (FSDP2 fully_shard), ddp=2,fsdp=4 (HSDP), zero1=8 (DDP with "
+             "ZeroRedundancyOptimizer), tp=8 (tensor parallel; see --tp-plan), fsdp=4,tp=2 (FSDP2 + tensor "
+             "parallel, 2-D), pp=4 (pipeline parallel; see --schedule).")
+        | shown(key="parallel", at_json=60, json=_parallel_json, label="parallel", at_row=80, row=_parallel_row))
+    parallelize: str | Callable[..., Any] | None = field(default=None, metadata=option(
+        "--parallelize", metavar="pkg.module:fn",
+        help="With --parallel: your own fn(model, mesh) that applies your parallelism (the one your trainer calls), "
+             "run unchanged on the mesh --parallel describes."))
+    tp_plan: str | Mapping[str, Any] | None = field(default=None, metadata=option(
+        "--tp-plan", metavar="pkg.module:PLAN",
+        help="With tp: a dict of module name (* matches one name) -> colwise | rowwise | colwise_rep | rowwise_rep "
+             "| sequence_parallel (default: a transformers model's own base_model_tp_plan)."))
+    microbatches: int | None = field(default=None, metadata=option(
+        "--microbatches", kind="int", minimum=1, metavar="M",
+        help="With --parallel pp=N: microbatches per step (default N; the batch must divide evenly)."))
+    schedule: str = field(default="1f1b", metadata=option(
+        "--schedule", choices=tuple(PP_SCHEDULES), default="1f1b", show_default=True,
+        help="With --parallel pp=N: the pipeline schedule (ScheduleGPipe or Schedule1F1B)."))
+    units: tuple[str, ...] = field(default=(), metadata=option(
+        "--fsdp-units", default="", metavar="CLASS[,CLASS]", to_field=names_of,
+        help="With fsdp: the classes of the modules sharded as units (default: the model's repeated blocks)."))
+    reshard_after_forward: bool | None = field(default=None, metadata=option(
+        "--reshard-after-forward", choices=("default", "true", "false"), default="default", show_default=True,
+        to_field=lambda value: {"default": None, "true": True, "false": False}.get(value, value),
+        to_text=lambda value: {None: "default", True: "true", False: "false"}[value],
+        help="With fsdp: fully_shard's reshard_after_forward (default: every unit but the root)."))
+    keep_units: tuple[int, ...] = field(default=(), metadata=option(
+        "--fsdp-keep-units", parse=parse_blocks, done=tuple, metavar="I[-J][,...]", default="", to_field=blocks_of,
+        to_text=format_blocks,
+        help="With fsdp: these units (0-based, in the model's order; the root is none of them) keep their parameters "
+             "after forward (reshard_after_forward=False), the others as --reshard-after-forward says: what "
+             "graphmem plan --policy chooses unit by unit.")
+        | shown(label="FSDP2", at_row=90, row=_kept_row))
+    param_dtype: str | None = field(default=None, metadata=option(
+        "--mp-param-dtype", choices=MODEL_DTYPES,
+        help="With fsdp: MixedPrecisionPolicy param_dtype (the all-gathered parameters' dtype)."))
+    reduce_dtype: str | None = field(default=None, metadata=option(
+        "--mp-reduce-dtype", choices=MODEL_DTYPES,
+        help="With fsdp: MixedPrecisionPolicy reduce_dtype (the gradients' reduce-scatter dtype)."))
+    bucket_mb: float = field(default=25.0, metadata=option(
+        "--ddp-bucket-mb", kind="float", minimum=0, open_minimum=True, default=25.0, show_default=True,
+        help="With ddp / zero1: DDP's bucket_cap_mb."))
+    bucket_view: bool = field(default=False, metadata=option(
+        "--ddp-bucket-view/--no-ddp-bucket-view", keyword="ddp_bucket_view", kind="flag", default=False,
+        show_default=True, help="With ddp / zero1: DDP's gradient_as_bucket_view."))
+    nccl_buffer_mb: float = field(default=DEFAULT_NCCL_BUFFER_MB, metadata=option(
+        "--nccl-buffer-mb", kind="float", minimum=0, default=DEFAULT_NCCL_BUFFER_MB, show_default=True, metavar="MIB",
+        help="With --parallel on a GPU: MiB of NCCL's own buffers per communicator, outside PyTorch's allocator "
+             "(default: 32 channels x NCCL's default buffers of 4 MiB, 512 KiB and 4.7 MiB; docs/parallel.md)."))
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.degrees]
@@ -124,7 +204,21 @@ class ParallelSpec:
             raise UserInputError("--parallelize is not supported with pp: graphmem cuts the stages itself")
         for dtype in (self.param_dtype, self.reduce_dtype):
             if dtype is not None:
-                parse_dtype(dtype)
+                dtype_name(dtype)
+
+    @classmethod
+    def fold(cls, values: Mapping[str, Any]) -> ParallelSpec | None:
+        """The spec ``--parallel`` and the engines' settings describe (None: one device)."""
+        from graphmem.job.option import field_values
+
+        given = values.get("parallel")
+        if isinstance(given, ParallelSpec) or given is None:
+            if given is None and any(values.get(key) is not None for key in ("parallelize", "tp_plan", "microbatches")):
+                raise UserInputError(f"{flag(cls, 'parallelize')}, {flag(cls, 'tp_plan')} and "
+                                     f"{flag(cls, 'microbatches')} need {flag(cls, 'degrees')} to describe the mesh, "
+                                     f"e.g. {flag(cls, 'degrees')} fsdp=8, tp=2 or pp=4")
+            return given
+        return cls(**{**field_values(cls, values), "degrees": parse_parallel(given).degrees})
 
     @property
     def world_size(self) -> int:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphmem.errors import UserInputError
+from graphmem.job.sections import Target
 
 __all__ = ["Program", "make_program", "program_ranks"]
 
@@ -29,6 +30,9 @@ class Program:
     torchrun: bool = False  # launched by torchrun even with one process (its environment, a process group)
     allow_network: bool = False  # the program may connect to servers (else its connections are refused)
     write_through: tuple[str, ...] = ()  # absolute paths it writes for real (else its writes are its layer's)
+    runs_on: Target = field(default_factory=Target)  # the device its "cuda" is: a Job's target section
+    # the options of the command that runs it (graphmem run's), named when the program got one
+    own_options: frozenset[str] = frozenset()
     # the ranks to record (--ranks); None: auto, rank 0 and the last (and, once rank 0 is
     # recorded, each pipeline stage's first rank)
     ranks: tuple[int, ...] | None = None
@@ -72,7 +76,8 @@ class Program:
 def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = False, steps: int = 2,
                  nproc_per_node: int | None = None, nnodes: int | None = None,
                  allow_network: bool = False, write_through: tuple[str, ...] = (),
-                 ranks: str | Sequence[int] = "auto") -> Program:
+                 ranks: str | Sequence[int] = "auto", runs_on: Target | None = None,
+                 own_options: frozenset[str] = frozenset()) -> Program:
     """A checked Program; given ``nproc_per_node`` or ``nnodes`` (even 1), launched as torchrun
     launches it, else as ``python`` runs it; ``ranks``: which to record (program_ranks).
 
@@ -95,7 +100,8 @@ def make_program(target: str, argv: tuple[str, ...] = (), *, module: bool = Fals
     return Program(target=target, argv=tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
                    nnodes=nnodes, torchrun=torchrun, allow_network=allow_network,
                    write_through=tuple(os.path.abspath(path) for path in write_through),
-                   ranks=program_ranks(ranks, nproc_per_node * nnodes))
+                   ranks=program_ranks(ranks, nproc_per_node * nnodes), runs_on=runs_on or Target(),
+                   own_options=own_options)
 
 
 def program_ranks(ranks: str | Sequence[int], world: int) -> tuple[int, ...] | None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.spec import DTYPE_ALIASES, InputSpec
 
 __all__ = ["Sample", "read_sample"]
@@ -62,7 +63,7 @@ def _load(text: str) -> Any:
         try:
             from safetensors.torch import load_file
         except ImportError as exc:
-            raise UserInputError(f"--sample {text}: reading .safetensors needs safetensors: pip install "
+            raise UserInputError(f"{spelling('sample')} {text}: reading .safetensors needs safetensors: pip install "
                                  "safetensors") from exc
         _exists(text)
         return load_file(text, device="cpu")
@@ -72,21 +73,22 @@ def _load(text: str) -> Any:
             return torch.load(text, map_location="cpu", weights_only=True)
         except (RuntimeError, OSError, ValueError, EOFError, pickle.UnpicklingError) as exc:  # not torch.save's tensors
             said = " ".join(str(exc).split())[:200]
-            raise UserInputError(f"--sample {text}: torch.load could not read it ({said}); {_HINT}") from exc
+            raise UserInputError(f"{spelling('sample')} {text}: torch.load could not read it ({said}); "
+                                 f"{_HINT}") from exc
     from graphmem.job.load import import_attribute
 
-    found = import_attribute(text, "--sample", _HINT)
+    found = import_attribute(text, f"{spelling('sample')}", _HINT)
     if not callable(found):
         return found
     try:
         return found()
     except Exception as exc:  # broad: the user's function may raise anything; reported as theirs
-        raise UserInputError(f"--sample {text}: the function raised {type(exc).__name__}: {exc}") from exc
+        raise UserInputError(f"{spelling('sample')} {text}: the function raised {type(exc).__name__}: {exc}") from exc
 
 
 def _exists(path: str) -> None:
     if not os.path.isfile(path):
-        raise UserInputError(f"--sample {path}: no such file; {_HINT}")
+        raise UserInputError(f"{spelling('sample')} {path}: no such file; {_HINT}")
 
 
 def _from_batch(source: str, batch: Any) -> Sample:
@@ -99,17 +101,17 @@ def _from_batch(source: str, batch: Any) -> Sample:
     elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         specs = [(None, f"input_{i}", v) for i, v in enumerate(batch)]
     else:
-        raise UserInputError(f"--sample {source}: it gives a {type(batch).__name__}; {_HINT}")
+        raise UserInputError(f"{spelling('sample')} {source}: it gives a {type(batch).__name__}; {_HINT}")
     if not specs:
-        raise UserInputError(f"--sample {source}: it holds no tensors; {_HINT}")
+        raise UserInputError(f"{spelling('sample')} {source}: it holds no tensors; {_HINT}")
     return Sample(source=source, specs=tuple(str(_spec(source, name, key, v)) for name, key, v in specs),
                   values=tuple((key, v) for _, key, v in specs))
 
 
 def _spec(source: str, name: str | None, key: str, value: Any) -> InputSpec:
     if not isinstance(value, torch.Tensor):
-        raise UserInputError(f"--sample {source}: {key} is a {type(value).__name__}, not a tensor; {_HINT}")
+        raise UserInputError(f"{spelling('sample')} {source}: {key} is a {type(value).__name__}, not a tensor; {_HINT}")
     if value.device.type != "cpu" or value.layout != torch.strided or value.dtype not in DTYPE_ALIASES.values():
-        raise UserInputError(f"--sample {source}: {key} is a {value.device.type} {value.layout} tensor of "
+        raise UserInputError(f"{spelling('sample')} {source}: {key} is a {value.device.type} {value.layout} tensor of "
                              f"{value.dtype}; expected a dense CPU tensor of a dtype such as float32 or int64")
     return InputSpec(tuple(value.shape), value.dtype, name)

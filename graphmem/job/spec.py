@@ -9,7 +9,7 @@ parts become torch dtypes and InputSpecs.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,10 +27,12 @@ from graphmem.job.grammar import (
     validate_inputs,
 )
 from graphmem.job.grammar import MAX_INT as _MAX_INT
+from graphmem.job.option import spelling
 
 __all__ = ["ASSUMPTION_KINDS", "BELOW", "DTYPE_ALIASES", "KEPT_FRACTION", "MODEL_DTYPES", "READ_VALUE", "ROUTING",
-           "ROUTINGS", "GenerateSpec", "InputSpec", "input_dims", "input_symbol", "parse_assumption", "parse_dtype",
-           "parse_generate", "parse_input_spec", "parse_sweep", "spec_at", "substitute", "validate_inputs"]
+           "ROUTINGS", "InputSpec", "input_dims", "input_symbol", "parse_assumption", "parse_dtype",
+           "input_texts", "parse_input_spec", "parse_sweep", "spec_at", "substitute",
+           "validate_inputs"]
 
 # Every name a user may write for a dtype, mapped to torch's dtype.
 DTYPE_ALIASES: dict[str, torch.dtype] = {alias: getattr(torch, name) for alias, name in DTYPE_NAMES.items()}
@@ -80,27 +82,6 @@ def parse_input_spec(text: str) -> InputSpec:
     return InputSpec(shape=shape, dtype=DTYPE_ALIASES[dtype], name=name)
 
 
-@dataclass(frozen=True, slots=True)
-class GenerateSpec:
-    """``--generate P+N`` with ``--batch B``."""
-
-    prompt: int
-    new: int
-    batch: int = 1
-
-
-def parse_generate(text: str, batch: int = 1) -> GenerateSpec:
-    """``"2048+512"`` -> GenerateSpec(2048, 512, batch)."""
-    match = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", text)
-    if match is None or int(match[1]) < 1 or int(match[2]) < 1 or batch < 1:
-        raise UserInputError(f"malformed --generate {text!r}; expected PROMPT+NEW with positive "
-                             "token counts, e.g. 2048+512 (and --batch >= 1)")
-    if (int(match[1]) + int(match[2])) * batch > _MAX_INT:
-        raise UserInputError(f"--generate {text!r} with --batch {batch}: more tokens than a tensor can index "
-                             f"({_MAX_INT:,}); give smaller counts")
-    return GenerateSpec(int(match[1]), int(match[2]), batch)
-
-
 # --assume nonzero=F: the fraction of their most that value-dependent sizes keep
 KEPT_FRACTION = "nonzero"
 # --assume routing=uneven|balanced: the choices top-k / argmax make on values graphmem does not have
@@ -124,26 +105,29 @@ def parse_assumption(text: str) -> tuple[str, str]:
         except ValueError:
             fraction = -1.0
         if not 0 <= fraction <= 1:
-            raise UserInputError(f"malformed --assume {text!r}; expected {KEPT_FRACTION}=F with F a fraction in "
+            raise UserInputError(f"malformed {spelling('assume')} {text!r}; expected {KEPT_FRACTION}=F with F a "
+                                 "fraction in "
                                  "[0, 1], e.g. nonzero=0.5: value-dependent selections keep half their elements")
         return KEPT_FRACTION, repr(fraction)
     if name.strip() == READ_VALUE:
         if not value.isdecimal() or int(value) > _MAX_INT:
-            raise UserInputError(f"malformed --assume {text!r}; expected {READ_VALUE}=N with N a whole number up to "
+            raise UserInputError(f"malformed {spelling('assume')} {text!r}; expected {READ_VALUE}=N with N a whole "
+                                 "number up to "
                                  f"{_MAX_INT:,}, e.g. "
                                  "reads=1000: each number the model reads from values it computed (a predicted "
                                  "length) is taken as 1000")
         return READ_VALUE, value
     if name.strip() == ROUTING:
         if value not in ROUTINGS:
-            raise UserInputError(f"malformed --assume {text!r}; expected {ROUTING}=uneven (every expert gets a token, "
+            raise UserInputError(f"malformed {spelling('assume')} {text!r}; expected {ROUTING}=uneven (every expert "
+                                 "gets a token, "
                                  "the first ones all the rest) or routing=balanced (tokens spread evenly)")
         return ROUTING, value
     integer = value.removeprefix("-").isdecimal() and -_MAX_INT - 1 <= int(value) <= _MAX_INT
     bound = value.removeprefix(BELOW)
     drawn = value.startswith(BELOW) and bound.isdecimal() and 1 <= int(bound) <= _MAX_INT
     if not sep or not name.strip() or not (value in ASSUMPTION_KINDS or integer or drawn):
-        raise UserInputError(f"malformed --assume {text!r}; expected NAME=VALUE with VALUE one of "
+        raise UserInputError(f"malformed {spelling('assume')} {text!r}; expected NAME=VALUE with VALUE one of "
                              f"{', '.join(ASSUMPTION_KINDS)}, an integer that fits int64, or {BELOW}N (random "
                              "integers from 0 to N-1), e.g. attention_mask=ones or edge_index=below:2000")
     return name.strip(), value
@@ -156,3 +140,11 @@ def spec_at(text: str, symbol: str | None, value: int) -> InputSpec:
     return InputSpec(spec.shape, spec.dtype, spec.name, dims)
 
 
+
+
+def input_texts(inputs: Sequence[InputSpec | str | torch.Tensor] | InputSpec | str | torch.Tensor) -> tuple[str, ...]:
+    """Input specs as text; an example tensor stands for its shape and dtype (never its values)."""
+    if isinstance(inputs, (str, InputSpec, torch.Tensor)):
+        inputs = [inputs]
+    return tuple(str(InputSpec(tuple(spec.shape), spec.dtype)) if isinstance(spec, torch.Tensor) else str(spec)
+                 for spec in inputs)

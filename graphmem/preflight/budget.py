@@ -19,6 +19,7 @@ from fractions import Fraction
 
 from graphmem.cuda.gpus import GPU
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.units import BINARY_UNITS
 
 __all__ = ["BUDGET_UNITS", "DEFAULT_METRIC", "METRICS", "Budget", "BudgetAmount", "parse_budget", "parse_margin",
@@ -32,7 +33,7 @@ METRICS = ("allocated", "reserved", "nvidia-smi")
 DEFAULT_METRIC = "reserved"
 _UNIT_BY_LOWER = {name.lower(): factor for name, factor in BUDGET_UNITS.items()}
 _AMOUNT_RE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[A-Za-z%]*)\s*$")
-_BUDGET_HINT = ("expected bytes with a unit (123456B, 512MiB, 80GiB, 80GB) or, with --gpu, a fraction "
+_BUDGET_HINT = (f"expected bytes with a unit (123456B, 512MiB, 80GiB, 80GB) or, with {spelling('gpu')}, a fraction "
                 "of the GPU's memory (0.9 or 90%)")
 
 
@@ -120,13 +121,13 @@ def resolve_budget(amount: BudgetAmount | None, gpu: GPU | None, margin: Fractio
     """
     if amount is None:
         if gpu is None:
-            raise UserInputError("no budget: give --budget (e.g. 80GiB) or --gpu (e.g. h100-80gb)")
+            raise UserInputError(f"no budget: give --budget (e.g. 80GiB) or {spelling('gpu')} (e.g. h100-80gb)")
         return Budget(gpu.total_memory_bytes, margin, f"{gpu.name} ({gpu.total_memory_bytes:,} B)")
     if amount.nbytes is not None:
         return Budget(amount.nbytes, margin, amount.text)
     if gpu is None:
-        raise UserInputError(f"budget {amount.text!r} is a fraction of a GPU, but no --gpu was given; "
-                             "add --gpu h100-80gb (or another preset) or give bytes such as 80GiB")
+        raise UserInputError(f"budget {amount.text!r} is a fraction of a GPU, but no {spelling('gpu')} was given; "
+                             f"add {spelling('gpu')} h100-80gb (or another preset) or give bytes such as 80GiB")
     assert amount.fraction is not None, "resolve_budget: a BudgetAmount without bytes or fraction"
     total = math.floor(amount.fraction * gpu.total_memory_bytes)
     return Budget(total, margin, f"{amount.text} of {gpu.name}")

@@ -29,6 +29,7 @@ from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.job import Job
 from graphmem.job.load import resolve_target
+from graphmem.job.option import spelling
 from graphmem.job.spec import validate_inputs
 from graphmem.memory.results import MemoryReport, without_graphs
 from graphmem.preflight.budget import Budget
@@ -124,7 +125,7 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
         The Plan (sizes in bytes).
     """
     if job.generate is None:
-        validate_inputs(job.inputs, symbolic=False)
+        validate_inputs(job.inputs.specs, symbolic=False)
     if policy:
         return _policy_plan(job, budget, front_points, tuple(policy_save), policy_ops)
     ctx, both = _context(job, budget, world_size, prune_amount, group_size)
@@ -147,7 +148,7 @@ def make_plan(job: Job, budget: Budget, *, world_size: int | None = None, prune_
                 explanation=text, train_peak_bytes=train_peak, inference_peak_bytes=inference_peak,
                 bytes_per_sample=per_sample, skipped=tuple(a for a in found if isinstance(a, str)),
                 world_size=ctx.world_size,
-                world_source="--world-size" if world_size is not None else "--parallel" if job.parallel else "",
+                world_source="--world-size" if world_size is not None else spelling("parallel") if job.parallel else "",
                 report=without_graphs(both))
 
 
@@ -180,10 +181,10 @@ def _context(job: Job, budget: Budget, world_size: int | None, prune_amount: flo
              ) -> tuple[PlanContext, MemoryReport]:
     """Resolve the model, analyse the baseline in both modes, read the model's structure."""
     job = job.with_preset()
-    if job.model is None:
-        raise UserInputError("no model given: pass TARGET (pkg.module:Attr) or --preset NAME")
-    source = resolve_target(job.model) if isinstance(job.model, str) else job.model
-    job = replace(job, model=source, name=job.target_name)
+    if job.model.target is None:
+        raise UserInputError(f"no model given: pass TARGET (pkg.module:Attr) or {spelling('preset')} NAME")
+    source = resolve_target(job.model.target) if isinstance(job.model.target, str) else job.model.target
+    job = replace(job, model=replace(job.model, target=source, name=job.target_name))
     with progress.labelled("the job as given"):
         both = _analyze_both(job)
     base = Prediction(peak_of(both, job.mode), both)
@@ -191,10 +192,10 @@ def _context(job: Job, budget: Budget, world_size: int | None, prune_amount: flo
         base = Prediction(base.peak_bytes, replace(both, inference=None))
     else:
         base = Prediction(base.peak_bytes, replace(both, train=None))
-    batch, templates = batch_templates(job.inputs)
-    facts = model_facts(source, job.model_kwargs, job.dtype, job.hf_config, job.device)
+    batch, templates = batch_templates(job.inputs.specs)
+    facts = model_facts(source, job.model.kwargs, job.model.dtype, job.model.hf_config, job.device)
     # bf16 needs compute capability 8.0 (Ampere) on a GPU: V100 and T4 compute in fp16
-    bf16 = job.device != "cuda" or get_gpu(job.gpu).compute_capability >= (8, 0)
+    bf16 = job.target.cuda is None or get_gpu(job.target.cuda.gpu).compute_capability >= (8, 0)
     ctx = PlanContext(job=job, source=source, budget=budget, base=base,
                       batch=batch, templates=templates, facts=facts,
                       world_size=world_size if world_size is not None else job.parallel.world_size if job.parallel
@@ -229,7 +230,7 @@ def _batch_row(ctx: PlanContext, found: list[Analysed | str]) -> SearchResult | 
         return None
     try:
         with progress.labelled("the largest batch that fits"):
-            search = search_largest(replace(ctx.job, inputs=ctx.templates), ctx.budget)
+            search = search_largest(ctx.job.with_inputs(ctx.templates), ctx.budget)
     except GraphmemError as exc:
         found.append(f"largest batch: not searched ({exc})")
         return None

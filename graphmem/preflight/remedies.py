@@ -16,6 +16,7 @@ from fractions import Fraction
 from graphmem.errors import UserInputError
 from graphmem.job.finetune import parse_quantize_base
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.job.option import spelling
 from graphmem.job.spec import parse_dtype
 from graphmem.preflight.changes import merge
 from graphmem.preflight.footprint import expandable_conf
@@ -55,7 +56,8 @@ _HALF = ("bfloat16", "float16")
 
 def _half(ctx: PlanContext) -> bool:
     """The job's weights are already in half precision."""
-    return ctx.job.dtype is not None and ctx.job.dtype.is_floating_point and ctx.job.dtype.itemsize < 4
+    dtype = ctx.job.model.dtype
+    return dtype is not None and dtype.is_floating_point and dtype.itemsize < 4
 
 
 def _torch_optimizer(ctx: PlanContext) -> bool:
@@ -128,7 +130,7 @@ def optimizer_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     skipped: list[Request | Analysed | str] = []
     if ctx.job.parallel is not None and any(n in FORMULA_OPTIMIZERS for n in names):
         # their stand-in sizes the state of the whole parameter, not of the rank's shard
-        skipped.append("8-bit optimizers: not analysed with --parallel (their state is sized for whole "
+        skipped.append(f"8-bit optimizers: not analysed with {spelling('parallel')} (their state is sized for whole "
                        "parameters, not for each GPU's shard)")
         names = [n for n in names if n not in FORMULA_OPTIMIZERS]
     return skipped + [Request({"optimizer": name},
@@ -140,7 +142,8 @@ def optimizer_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
 def qlora_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
     """A LoRA job's frozen base in 4 bits (QLoRA, nf4), where bitsandbytes is installed
     (training)."""
-    if ctx.job.lora is None or ctx.job.quantize_base is not None:
+    tuning = ctx.job.finetune
+    if tuning is None or tuning.lora is None or tuning.quantize_base is not None:
         return []
     try:
         parse_quantize_base("nf4")
@@ -178,7 +181,7 @@ def prune_rows(ctx: PlanContext) -> list[Request | Analysed | str]:
                      note="keeps weight_orig + a weight_mask buffer + the recomputed weight"),
         Request({"prune_amount": amount, "prune_remove": True},
                      note="zeros stored densely take as many bytes")] if ctx.job.parallel is None else [
-        "torch.nn.utils.prune: not analysed with --parallel (the sharded copy of a pruned model fails)"]
+        f"torch.nn.utils.prune: not analysed with {spelling('parallel')} (the sharded copy of a pruned model fails)"]
     shrunk = Fraction(amount).limit_denominator(1000) * Fraction(ctx.facts.prunable_bytes,
                                                                  max(ctx.facts.params_bytes, 1))
     return [
@@ -243,7 +246,7 @@ def allocator_rows(ctx: PlanContext, on: Analysed | None = None) -> list[Request
         return []
     if stats.reserved_peak_bytes <= stats.allocated_peak_bytes:  # no cached segment to spare
         return []
-    conf = expandable_conf(ctx.job.alloc_conf)
+    conf = expandable_conf(ctx.job.target.alloc_conf)
     return [Request({**(dict(on.row.changes) if on is not None else {}), "alloc_conf": conf},
                     note=f"PYTORCH_CUDA_ALLOC_CONF={conf} in the job's environment: segments grow in place instead "
                          "of new ones beside the cached ones, so the reserved peak stays near the allocated one")]

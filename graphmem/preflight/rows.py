@@ -19,13 +19,12 @@ from graphmem.errors import GraphmemError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
-from graphmem.job.parallel import parse_parallel
-from graphmem.job.spec import InputSpec, parse_dtype, parse_input_spec, substitute
+from graphmem.job.spec import InputSpec, parse_input_spec
 from graphmem.memory.results import ModeReport, without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.changes import describe
+from graphmem.preflight.edits import apply_edits, edits_of
 from graphmem.preflight.formulas import Scaling, scaled_peak
-from graphmem.preflight.master_weights import MASTER_WEIGHTS_OPTIMIZER
 from graphmem.preflight.model_facts import ModelFacts, pruned_factory
 from graphmem.preflight.ranking import departure, effort
 from graphmem.preflight.search import Prediction, predict
@@ -83,7 +82,7 @@ class PlanRow:
 class PlanContext:
     """Everything the row builders share."""
 
-    job: Job                       # the baseline; job.model is resolved (no strings)
+    job: Job                       # the baseline; job.model.target is resolved (no strings)
     source: ModelSource
     budget: Budget
     base: Prediction               # the baseline, analysed in job.mode
@@ -143,54 +142,15 @@ def _with_first_dim(spec: InputSpec, first: str) -> str:
     return f"{spec.name + '=' if spec.name else ''}{dims}:{str(spec.dtype).removeprefix('torch.')}"
 
 
-def _float_inputs_to(text: str, dtype_name: str) -> str:
-    spec = parse_input_spec(text)
-    return str(replace(spec, dtype=parse_dtype(dtype_name))) if spec.dtype.is_floating_point else text
-
-
-def _step_updates(ctx: PlanContext, changes: Mapping[str, Any]) -> dict[str, Any]:
-    """The step's settings a row changes: optimizer (master weights, offload), autocast, ..."""
-    updates: dict[str, Any] = {key: changes[key] for key in ("optimizer", "amp", "grad_accum", "checkpoint",
-                                                             "checkpoint_every", "checkpoint_save", "optimizer_impl")
-                               if key in changes}
-    if "dtype" in changes or "master_weights" in changes:
-        updates["amp"] = None  # the weights themselves are in half precision: no autocast over them
-    if "offload" in changes:
-        # the device runs forward and backward; the gradients leave it at the step, and the
-        # update (and its state) happens on the host
-        updates.update(optimizer="none", optimizer_impl="auto")
-    elif "master_weights" in changes:
-        updates["optimizer_kwargs"] = {"inner": changes.get("optimizer", ctx.job.step.optimizer),
-                                       **ctx.job.step.optimizer_kwargs}
-        updates["optimizer"] = MASTER_WEIGHTS_OPTIMIZER
-    return updates
-
-
 def job_with(ctx: PlanContext, changes: Mapping[str, Any]) -> Job:
-    """The baseline job with ``changes`` (the analysed kinds) applied."""
-    inputs = [substitute(t, BATCH, changes.get("batch", ctx.batch or 1)) for t in ctx.templates]
-    updates = _step_updates(ctx, changes)
-    dtype = changes.get("dtype", changes.get("master_weights"))
-    if dtype is not None:
-        inputs = [_float_inputs_to(t, dtype) for t in inputs]
-        updates["dtype"] = parse_dtype(dtype)
-    if "quantize_base" in changes:
-        updates["quantize_base"] = changes["quantize_base"]
-    if "parallel" in changes:
-        text, _, keep = changes["parallel"].partition(":")
-        spec = replace(parse_parallel(text), reshard_after_forward=False if keep else None)
-        if ctx.job.parallel is not None:  # the job's own engine settings carry over
-            spec = replace(spec, nccl_buffer_mb=ctx.job.parallel.nccl_buffer_mb, bucket_mb=ctx.job.parallel.bucket_mb)
-        updates["parallel"] = spec
-    if "alloc_conf" in changes:
-        updates["alloc_conf"] = changes["alloc_conf"]
-    if "prune_amount" in changes:
+    """The baseline job with ``changes`` (the analysed kinds) applied, as typed edits of its
+    sections (graphmem/preflight/edits.py)."""
+    def pruned(amount: float, remove: bool) -> Callable[[], Any]:
         # the pruned model is a factory of its own: the preset's class and config are in it
-        updates.update(model=pruned_factory(ctx.source, ctx.job.model_kwargs, changes["prune_amount"],
-                                            changes.get("prune_remove", False), ctx.job.hf_config,
-                                            ctx.job.device),
-                       model_kwargs={}, hf_config=None, preset=None)
-    return ctx.job.updated(inputs=inputs, **updates)
+        return pruned_factory(ctx.source, ctx.job.model.kwargs, amount, remove, ctx.job.model.hf_config,
+                              ctx.job.device)
+
+    return apply_edits(ctx.job, edits_of(changes, ctx.templates, BATCH, ctx.batch or 1, pruned))
 
 
 def _mode(prediction: Prediction) -> ModeReport:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from graphmem import progress
 from graphmem.api import PeakCurve, analyze, analyze_curve
@@ -106,10 +106,10 @@ def predict(job: Job, value: int | None = None, *, checkpoint_comparison: bool =
     (``checkpoint_comparison``: as analyze takes it)."""
     if job.generate is None and job.mode not in PREFLIGHT_MODES:
         raise UserInputError(f"unknown mode {job.mode!r}; expected one of: {', '.join(PREFLIGHT_MODES)}")
-    symbol = input_symbol(job.inputs)
+    symbol = input_symbol(job.inputs.specs)
     if symbol is not None and value is None:
-        raise AssertionError(f"predict: inputs {job.inputs} need a value for {symbol}")
-    report = analyze(replace(job, inputs=tuple(substitute(t, symbol, value or 1) for t in job.inputs)),
+        raise AssertionError(f"predict: inputs {job.inputs.specs} need a value for {symbol}")
+    report = analyze(job.with_inputs(tuple(substitute(t, symbol, value or 1) for t in job.inputs.specs)),
                      checkpoint_comparison=checkpoint_comparison)
     return Prediction(peak_of(report, job.mode), report)
 
@@ -119,17 +119,18 @@ def sequence_limit(job: Job, symbol: str) -> tuple[int, str] | None:
     input's first): a transformers config's ``max_position_embeddings`` (``n_positions``,
     ``max_seq_len``), or the size of a position-embedding table (an nn.Embedding named
     ``*pos*``), with the reason; None when the model declares none."""
-    if not any(dims.index(symbol) > 0 for dims in map(input_dims, job.inputs) if symbol in dims):
+    if not any(dims.index(symbol) > 0 for dims in map(input_dims, job.inputs.specs) if symbol in dims):
         return None
     resolved = job.with_preset()
     for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = (resolved.hf_config or {}).get(key)
+        value = (resolved.model.hf_config or {}).get(key)
         if isinstance(value, int) and value > 0:
             return value, f"the model's {key} is {value}"
-    if resolved.model is None:
+    model = resolved.model
+    if model.target is None:
         return None
-    source = resolve_target(resolved.model) if isinstance(resolved.model, str) else resolved.model
-    return position_limit(build_model(source, resolved.model_kwargs, resolved.hf_config, device=resolved.device))
+    source = resolve_target(model.target) if isinstance(model.target, str) else model.target
+    return position_limit(build_model(source, model.kwargs, model.hf_config, device=resolved.device))
 
 
 def find_largest_fit(peak_at: Callable[[int], int], cap_bytes: int, *, limit: int = 2**31 - 1
@@ -240,7 +241,7 @@ def search_largest(job: Job, budget: Budget, *, limit: int = 2**31 - 1) -> Searc
     Returns:
         A SearchResult; the answer and the next value are both analysed.
     """
-    symbol = validate_inputs(job.inputs, symbolic=True)
+    symbol = validate_inputs(job.inputs.specs, symbolic=True)
     assert symbol is not None, "search_largest: validate_inputs returned no symbol"
     cap = sequence_limit(job, symbol)
     if cap is not None and cap[0] < limit:
@@ -295,7 +296,7 @@ class _Curves:
 
     def _record(self, value: int) -> MemoryReport:
         if value < 2 or not self.formula:  # analyze, not predict: a sweep may ask for both modes
-            job = replace(self.job, inputs=tuple(substitute(t, self.symbol, value) for t in self.job.inputs))
+            job = self.job.with_inputs(tuple(substitute(t, self.symbol, value) for t in self.job.inputs.specs))
             self.recorded_reports[value] = analyze(job)
             return self.recorded_reports[value]
         curve = analyze_curve(self.job, hint=value)
@@ -334,7 +335,7 @@ def sweep(job: Job, values: Sequence[int], budget: Budget | None = None) -> Swee
     Raises:
         UserInputError: the inputs have no size symbol, or no values.
     """
-    symbol = validate_inputs(job.inputs, symbolic=True)
+    symbol = validate_inputs(job.inputs.specs, symbolic=True)
     assert symbol is not None, "sweep: validate_inputs returned no symbol"
     if not values:
         raise UserInputError("--sweep names no value")

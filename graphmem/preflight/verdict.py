@@ -104,11 +104,12 @@ def check(job: Job, budget: Budget, metric: str = DEFAULT_METRIC) -> CheckResult
         The verdict, the bytes compared and the same with the margin, in bytes.
     """
     if job.generate is None:
-        validate_inputs(job.inputs, symbolic=False)
+        validate_inputs(job.inputs.specs, symbolic=False)
     prediction = predict(job)
     return judge(prediction.report, job.mode, budget,
-                 lambda conf: predict(replace(job, alloc_conf=conf), checkpoint_comparison=False).report,
-                 job.alloc_conf, metric)
+                 lambda conf: predict(replace(job, target=job.target.with_alloc_conf(conf)),
+                                      checkpoint_comparison=False).report,
+                 job.target.alloc_conf, metric)
 
 
 def judge(report: MemoryReport, mode: str, budget: Budget, again: Callable[[str], MemoryReport],

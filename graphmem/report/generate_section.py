@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from graphmem.job.option import spelling
 from graphmem.memory.results import GenerateReport, MemoryReport
 from graphmem.report.cuda_section import cuda_json
 from graphmem.report.header import render_header
@@ -46,9 +47,9 @@ def _gpu_verdict(report: MemoryReport, gen: GenerateReport, fmt: Callable[[int],
     total = report.gpu.total_memory_bytes
     if peak <= total:
         return [f"Fits the {report.gpu.name}: allocated peak {fmt(peak)} of {fmt(total)} "
-                "(graphmem check --generate gives a verdict with a budget and an exit code)"]
+                f"(graphmem check {spelling('generate')} gives a verdict with a budget and an exit code)"]
     return [f"DOES NOT FIT the {report.gpu.name}: allocated peak {fmt(peak)} is more than its {fmt(total)}; "
-            "a smaller --batch, a shorter prompt or more GPUs are needed"]
+            f"a smaller {spelling('batch')}, a shorter prompt or more GPUs are needed"]
 
 
 def generate_json(report: MemoryReport, gen: GenerateReport) -> dict[str, Any]:

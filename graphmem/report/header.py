@@ -1,7 +1,7 @@
 """Stage 4 helper: the header every text report opens with, in words a user knows.
 
 Input: what was analysed (target, inputs, device, GPU, mode), the job's settings that change
-its numbers (a ``Setup``, from the Job by ``setup_of``) and, when there is one, the
+its numbers (``Settings``, from the Job by ``settings_of``) and, when there is one, the
 MemoryReport.  Output: a title line and a two-column block: the model, its parameter count
 and dtypes, how many of them train (when not all do), the inputs, the optimizer (training),
 the weights' dtype, autocast, checkpointing, accumulation, the device and its allocator
@@ -17,19 +17,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from tabulate import tabulate
 
-from graphmem.cuda.alloc_conf import alloc_conf_from_environment
-from graphmem.job.grammar import format_blocks, format_units
 from graphmem.job.job import Job
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.job.option import Declared, declared
+from graphmem.job.sections import Inputs, ModelSpec, Target
+from graphmem.job.step_config import StepConfig
 from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.records import Phase, Role
 
-__all__ = ["Setup", "optimizer_implementation", "parameter_count", "render_header", "setup_of", "setup_to_dict"]
+__all__ = ["Settings", "optimizer_implementation", "parameter_count", "program_settings", "render_header",
+           "settings_of", "settings_to_dict"]
 
 # a quantized weight's scales are held as "<weight>.quant_state.*" (bitsandbytes' 4-bit
 # QuantState) or "<weight>.SCB" (its int8 weights' row scales)
@@ -38,100 +41,89 @@ _INT8_SCALES = ".SCB"
 
 
 @dataclass(frozen=True, slots=True)
-class Setup:
-    """The job's settings that change its numbers, as the user gave them (``setup_of``).
+class Settings:
+    """The settings of what was analysed, each at its place in the job's tree
+    (graphmem.job.option: the path of section and field names -> its value; a section that is
+    absent has none of its paths), and whether the step trains.  The header's rows and the
+    JSON ``setup`` are derived from the fields' ``shown`` metadata."""
 
-    Attributes:
-        training: the step trains (an optimizer, autocast's GradScaler, accumulation apply).
-        optimizer / optimizer_impl / optimizer_kwargs: ``--optimizer``, ``--optimizer-impl``
-            (auto: PyTorch's pick) and ``--optimizer-kwargs``.
-        dtype: ``model.to(dtype)`` (``--dtype`` or the preset's); None: as the model builds it.
-        amp: ``--amp`` (bf16, fp16); checkpoint, checkpoint_every, checkpoint_save,
-            checkpoint_blocks: ``--checkpoint*``.
-        grad_accum: ``--grad-accum``.
-        parallel / world_size: ``--parallel`` and the GPUs it spans (None: one).
-        gpu: the CUDA target's GPU (None on cpu); alloc_conf: the PYTORCH_CUDA_ALLOC_CONF it
-            runs under ("" when unset); alloc_conf_source: "--alloc-conf" or "the environment".
-        sdpa: ``--sdpa``; assume: ``--assume`` (input name, value).
-    """
-
+    values: Mapping[tuple[str, ...], Any] = field(default_factory=dict)
     training: bool = True
-    optimizer: str = "adam"
-    optimizer_impl: str = "auto"
-    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    dtype: str | None = None
-    amp: str | None = None
-    checkpoint: tuple[str, ...] = ()
-    checkpoint_every: int = 1
-    checkpoint_save: tuple[str, ...] = ()
-    checkpoint_blocks: tuple[int, ...] = ()
-    checkpoint_save_blocks: tuple[int, ...] = ()
-    checkpoint_save_in: tuple[tuple[int, tuple[str, ...]], ...] = ()
-    fsdp_keep_units: tuple[int, ...] = ()
-    grad_accum: int = 1
-    parallel: str | None = None
-    world_size: int | None = None
-    gpu: str | None = None
-    alloc_conf: str = ""
-    alloc_conf_source: str = ""
-    sdpa: str = "auto"
-    assume: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def parallel(self) -> str | None:
+        """The parallelism as ``--parallel`` takes it (None: one device)."""
+        degrees = self.values.get(("parallel", "degrees"))
+        return ",".join(f"{name}={degree}" for name, degree in degrees) if degrees else None
 
 
-def allocator_setting(given: str | None) -> tuple[str, str]:
-    """The allocator settings a CUDA job runs under and where they come from: ``--alloc-conf``
-    when given, else the environment's ("" when neither sets any)."""
-    if given is not None:
-        return given, "--alloc-conf"
-    return alloc_conf_from_environment(), "the environment"
-
-
-def setup_of(job: Job) -> Setup:
-    """The settings of ``job`` (its preset applied) that change its numbers."""
+def settings_of(job: Job) -> Settings:
+    """The settings of ``job`` (its preset applied)."""
     job = job.with_preset()
-    step = job.step
-    conf, source = allocator_setting(job.alloc_conf)
-    return Setup(training=job.mode != "inference" and job.generate is None, optimizer=step.optimizer,
-                 optimizer_impl=step.optimizer_impl, optimizer_kwargs=dict(step.optimizer_kwargs),
-                 dtype=str(job.dtype).removeprefix("torch.") if job.dtype is not None else None, amp=step.amp,
-                 checkpoint=step.checkpoint, checkpoint_every=step.checkpoint_every,
-                 checkpoint_save=step.checkpoint_save, checkpoint_blocks=step.checkpoint_blocks,
-                 checkpoint_save_blocks=step.checkpoint_save_blocks, checkpoint_save_in=step.checkpoint_save_in,
-                 grad_accum=step.grad_accum,
-                 parallel=job.parallel.text if job.parallel else None,
-                 fsdp_keep_units=job.parallel.keep_units if job.parallel else (),
-                 world_size=job.parallel.world_size if job.parallel else None,
-                 gpu=job.gpu if job.device == "cuda" else None,
-                 alloc_conf=(conf or "") if job.device == "cuda" else "",
-                 alloc_conf_source=source if job.device == "cuda" and conf else "", sdpa=job.sdpa,
-                 assume=tuple(sorted(job.assume.items())))
+    return Settings(_values(job), training=job.mode != "inference" and job.generate is None)
 
 
-def setup_to_dict(setup: Setup, report: MemoryReport | None = None) -> dict[str, Any]:
-    """The settings as JSON fields (``report``: for the implementation that ran and the rank shown)."""
-    train = report.train if report is not None else None
-    ran = optimizer_implementation(train) if train is not None else None
+def program_settings(optimizer: str, target: Target) -> Settings:
+    """The settings of a program run (graphmem run): its optimizer and target, the rest as
+    a job's defaults."""
+    tree = SimpleNamespace(model=ModelSpec(), inputs=Inputs(), generate=None, mode="train", step=StepConfig(),
+                           finetune=None, target=target, parallel=None)
+    return Settings({**_values(tree), ("step", "optimizer"): optimizer})
+
+
+def _values(job: Any) -> dict[tuple[str, ...], Any]:
+    """Each setting of the tree by its path, where its section is present."""
+    values: dict[tuple[str, ...], Any] = {}
+    for found in declared(Job):
+        owner: Any = job
+        for name in found.path[:-1]:
+            owner = getattr(owner, name) if owner is not None else None
+        if owner is not None:
+            values[found.path] = getattr(owner, found.path[-1])
+    return values
+
+
+def _facts(settings: Settings, found: Declared, report: MemoryReport | None) -> dict[str, Any]:
+    """What a setting's ``shown`` functions are given: whether the step trains, the rank shown,
+    the implementation that ran, and the setting's section (None when absent)."""
     shown = _rank_shown(report)
-    return {"optimizer": setup.optimizer if setup.training else None,
-            "optimizer_impl": (ran or setup.optimizer_impl) if setup.training else None,
-            "optimizer_kwargs": dict(setup.optimizer_kwargs) if setup.training else None,
-            "dtype": setup.dtype, "amp": setup.amp,
-            "checkpoint": {"classes": list(setup.checkpoint), "every": setup.checkpoint_every,
-                           "save": list(setup.checkpoint_save),
-                           **({"blocks": list(setup.checkpoint_blocks)} if setup.checkpoint_blocks else {}),
-                           **({"save_blocks": list(setup.checkpoint_save_blocks)}
-                              if setup.checkpoint_save_blocks else {}),
-                           **({"save_in": {str(b): list(names) for b, names in setup.checkpoint_save_in}}
-                              if setup.checkpoint_save_in else {})}
-            if setup.checkpoint and setup.training else None,
-            "grad_accum": setup.grad_accum if setup.training else None,
-            "parallel": {"spec": setup.parallel, "world_size": setup.world_size,
-                         "rank_shown": shown[0] if shown else None,
-                         "ranks_alike": list(shown[1]) if shown else None,
-                         **({"fsdp_keep_units": list(setup.fsdp_keep_units)} if setup.fsdp_keep_units else {})}
-            if setup.parallel else None,
-            "alloc_conf": setup.alloc_conf if setup.gpu else None, "sdpa": setup.sdpa,
-            "assume": dict(setup.assume), "assumptions": _assumptions(report)}
+    train = report.train if report is not None else None
+    owner = found.path[:-1]
+    present = found.path in settings.values
+    return {"training": settings.training, "rank_shown": shown[0] if shown else None,
+            "ranks_alike": list(shown[1]) if shown else None,
+            "implementation": optimizer_implementation(train) if train is not None else None,
+            "section": {path[-1]: value for path, value in settings.values.items() if path[:-1] == owner}
+            if present else None}
+
+
+def settings_to_dict(settings: Settings, report: MemoryReport | None = None) -> dict[str, Any]:
+    """The settings as JSON fields (``report``: for the implementation that ran and the rank shown)."""
+    shown = sorted((found for found in declared(Job) if found.shown is not None and found.shown.key is not None),
+                   key=lambda found: found.shown.at_json)  # type: ignore[union-attr]
+    data: dict[str, Any] = {}
+    for found in shown:
+        assert found.shown is not None and found.shown.key is not None
+        value = settings.values.get(found.path)
+        facts = _facts(settings, found, report)
+        data[found.shown.key] = found.shown.json(value, facts) if found.shown.json is not None else value
+    return {**data, "assumptions": _assumptions(report)}
+
+
+def _setting_rows(settings: Settings, report: MemoryReport | None, before: float, after: float) -> list[list[str]]:
+    """The rows of the settings placed between ``after`` and ``before`` that say something
+    (defaults are left out)."""
+    rows = []
+    shown = sorted((found for found in declared(Job) if found.shown is not None and found.shown.label is not None
+                    and after < found.shown.at_row < before), key=lambda found: found.shown.at_row)  # type: ignore[union-attr]
+    for found in shown:
+        assert found.shown is not None and found.shown.label is not None
+        facts = _facts(settings, found, report)
+        value = settings.values.get(found.path)
+        text = found.shown.row(value, facts) if found.shown.row is not None else ("" if value is None else str(value))
+        if text:
+            rows.append([found.shown.label, text])
+    return rows
 
 
 def _rank_shown(report: MemoryReport | None) -> tuple[int, tuple[int, ...]] | None:
@@ -147,59 +139,6 @@ def _assumptions(report: MemoryReport | None) -> list[str]:
     modes = [report.train, report.inference, *((report.generate.prefill, report.generate.decode)
                                                if report.generate else ())]
     return sorted({a for m in modes if m is not None for a in m.assumptions})
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    # (0, 1, 2, 3) -> "0-3"; (0, 2) -> "0, 2"
-    ordered = sorted(ranks)
-    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
-        return f"{ordered[0]}-{ordered[-1]}"
-    return ", ".join(map(str, ordered))
-
-
-def _setup_rows(setup: Setup) -> list[list[str]]:
-    """The settings' rows that say something (defaults are left out)."""
-    rows = []
-    if setup.dtype:
-        rows.append(["weights dtype", f"{setup.dtype} (model.to)"])
-    if setup.amp:
-        scaler = " + GradScaler" if setup.amp == "fp16" and setup.training else ""
-        rows.append(["autocast", f"{setup.amp} (torch.autocast{scaler})"])
-    if setup.checkpoint and setup.training:
-        every = {1: "", 2: "2nd "}.get(setup.checkpoint_every, f"{setup.checkpoint_every}th ")
-        saved = f"; keeps the outputs of {', '.join(setup.checkpoint_save)}" if setup.checkpoint_save else ""
-        if setup.checkpoint_save_blocks:
-            saved += f" in blocks {format_blocks(setup.checkpoint_save_blocks)}"
-        for block, names in setup.checkpoint_save_in:
-            saved += f"; block {block} keeps the outputs of {', '.join(names)}"
-        which = (f"blocks {format_blocks(setup.checkpoint_blocks)} of the {', '.join(setup.checkpoint)} modules"
-                 if setup.checkpoint_blocks else f"every {every}{', '.join(setup.checkpoint)}")
-        rows.append(["checkpointing", which + saved])
-    if setup.grad_accum > 1 and setup.training:
-        rows.append(["accumulation", f"{setup.grad_accum} micro-batches per optimizer step"])
-    return rows
-
-
-def _device_rows(setup: Setup, report: MemoryReport | None) -> list[list[str]]:
-    """The allocator's settings (always, on the CUDA target), the attention kernels, the
-    parallelism and the rank shown, the values assumed."""
-    rows = []
-    if setup.gpu:
-        rows.append(["allocator", f"PYTORCH_CUDA_ALLOC_CONF={setup.alloc_conf} (from {setup.alloc_conf_source})"
-                     if setup.alloc_conf else "PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)"])
-        if setup.sdpa != "auto":
-            rows.append(["attention", f"{setup.sdpa} kernels (--sdpa)"])
-    if setup.parallel:
-        shown = _rank_shown(report)
-        alike = f" (ranks {_ranks_text(shown[1])} alike)" if shown and len(shown[1]) > 1 else ""
-        rank = f"; the numbers are rank {shown[0]}'s, the highest peak{alike}" if shown else ""
-        rows.append(["parallel", f"{setup.parallel} over {setup.world_size} GPUs{rank}"])
-        if setup.fsdp_keep_units:
-            keeps = "keeps its" if len(setup.fsdp_keep_units) == 1 else "keep their"
-            rows.append(["FSDP2", f"{format_units(setup.fsdp_keep_units)} {keeps} parameters after forward"])
-    if setup.assume:
-        rows.append(["assumed", ", ".join(f"{name}={value}" for name, value in setup.assume)])
-    return rows
 
 
 def _is_scale(label: str) -> bool:
@@ -252,19 +191,25 @@ def _inputs_text(inputs: Sequence[str]) -> str:
     return ", ".join(text.replace("=", " ").replace(":", " ") for text in inputs)
 
 
-def _kwargs_text(setup: Setup | None) -> str:
-    if setup is None or not setup.optimizer_kwargs:
+def _kwargs_text(setup: Settings | None) -> str:
+    kwargs = setup.values.get(("step", "optimizer_kwargs")) if setup is not None else None
+    if not kwargs:
         return ""
-    return "; " + ", ".join(f"{key}={value}" for key, value in setup.optimizer_kwargs.items())
+    return "; " + ", ".join(f"{key}={value}" for key, value in kwargs.items())
 
 
-_LOSS_WORDS = {"auto": "the model's own (output.loss), else the sum of its output", "sum": "sum of the output",
+# the settings' rows (their ``shown(at_row=...)``) below this come before the device row, the others after
+_DEVICE_ROW = 50
+
+_LOSS_WORDS = {"auto": "the model's own (output.loss), else the sum of its output",
+               "output.loss": "the model's own (output.loss)", "losses": "the sum of the model's losses",
+               "output": "the sum of the model's output (it returns no loss)", "sum": "sum of the output",
                "mean": "mean of the output", "cross_entropy": "cross entropy", "nll": "negative log likelihood"}
 
 
 def render_header(title: str, target: str, inputs: Sequence[str], device: str, *, gpu: str | None = None,
                   mode: str | None = None, report: MemoryReport | None = None, parallel: str | None = None,
-                  fmt: Callable[[int], str] = str, setup: Setup | None = None) -> str:
+                  fmt: Callable[[int], str] = str, setup: Settings | None = None) -> str:
     """``title`` and one row per fact known: model, parameters, inputs, what runs, device.
 
     Args:
@@ -298,13 +243,14 @@ def render_header(title: str, target: str, inputs: Sequence[str], device: str, *
     if train is not None and train.optimizer:
         impl = optimizer_implementation(train)
         rows.append(["optimizer", train.optimizer + (f" ({impl})" if impl else "") + _kwargs_text(setup)])
-    elif setup is not None and setup.training and mode != "inference" and setup.optimizer:
-        impl = f" ({setup.optimizer_impl})" if setup.optimizer_impl != "auto" else ""
-        rows.append(["optimizer", setup.optimizer + impl + _kwargs_text(setup)])
-    rows += _setup_rows(setup) if setup is not None else []
+    elif setup is not None and setup.training and mode != "inference" and setup.values.get(("step", "optimizer")):
+        chosen = setup.values.get(("step", "optimizer_impl"), "auto")
+        impl = f" ({chosen})" if chosen != "auto" else ""
+        rows.append(["optimizer", setup.values[("step", "optimizer")] + impl + _kwargs_text(setup)])
+    rows += _setting_rows(setup, report, before=_DEVICE_ROW, after=-math.inf) if setup is not None else []
     rows.append(["device", device + (f", {gpu}" if gpu else "")])
     if setup is not None:
-        rows += _device_rows(setup, report)
+        rows += _setting_rows(setup, report, before=math.inf, after=_DEVICE_ROW)
     elif parallel:
         rows.append(["parallel", parallel])
     return f"{title}\n" + str(tabulate(rows, tablefmt="plain", disable_numparse=True))

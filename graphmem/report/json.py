@@ -12,7 +12,7 @@ from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
 from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.report.cuda_section import cuda_json
 from graphmem.report.generate_section import generate_json
-from graphmem.report.header import Setup, setup_to_dict
+from graphmem.report.header import Settings, settings_to_dict
 from graphmem.report.modules import module_rows, top_tensors
 from graphmem.report.parallel_section import parallel_json
 from graphmem.report.program_section import program_files_json
@@ -50,7 +50,7 @@ def _mode_to_dict(m: ModeReport) -> dict[str, Any]:
 
 
 def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10,
-                   setup: Setup | None = None) -> dict[str, Any]:
+                   setup: Settings | None = None) -> dict[str, Any]:
     """The JSON document as Python data; modes not analysed are absent.  Each mode's
     ``modules`` cut the module tree at ``depth``; ``top_tensors`` lists ``top`` storages;
     ``setup`` (the job's settings that change its numbers) is the ``setup`` object."""
@@ -68,7 +68,7 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10,
     if report.parallel is not None:
         data["parallel"] = report.parallel
     if setup is not None:
-        data["setup"] = setup_to_dict(setup, report)
+        data["setup"] = settings_to_dict(setup, report)
     if report.inference is not None:
         data["inference"] = _mode_to_dict(report.inference)
     if report.train is not None:
@@ -94,7 +94,7 @@ def report_to_dict(report: MemoryReport, *, depth: int = 2, top: int = 10,
 
 
 def render_json(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
-                setup: Setup | None = None) -> str:
+                setup: Settings | None = None) -> str:
     """Indented JSON; ``units`` is accepted for a uniform renderer signature and ignored."""
     return json.dumps(report_to_dict(report, depth=depth, top=top, setup=setup), indent=2)
 

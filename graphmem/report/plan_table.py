@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphmem.job.option import spelling
 from graphmem.preflight.ranking import RANKING_RULE
 from graphmem.report.policy_text import policy_section, policy_to_dict
 from graphmem.report.preflight_text import COMPARED_NOTE, Context, context_dict, header
@@ -73,10 +74,10 @@ def _world_line(plan: Plan, context: Context) -> str:
     if plan.world_source == "--world-size":
         return (f"{gpus}: one (--world-size 1): no sharding rows" if n == 1 else
                 f"{gpus}: up to {n} (--world-size {n}): ZeRO-1 and FSDP2 rows shard over them")
-    spec = context.setup.parallel if context.setup is not None else None
+    spec = context.setup.parallel if context.setup is not None else None  # (the job's --parallel)
     more = (": rows that shard more than it does, over them" if any("parallel" in r.changes for r in plan.rows)
             else f": nothing shards more over {n} (--world-size N adds more {gpus})")
-    return f"{gpus}: {n}, the job's own (--parallel {spec}){more}"
+    return f"{gpus}: {n}, the job's own ({spelling('parallel')} {spec}){more}"
 
 
 def _as_given(plan: Plan, fmt: Callable[[int], str]) -> str:

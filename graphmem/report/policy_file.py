@@ -18,6 +18,7 @@ from pprint import pformat
 from typing import TYPE_CHECKING
 
 from graphmem.job.grammar import format_units
+from graphmem.job.option import spelling
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ def _torchtitan_lines(blocks: Sequence[int], total: int, selective: Sequence[int
             f"TORCHTITAN_ACTIVATION_CHECKPOINT = {settings!r}"]
 
 
+def _spelled() -> dict[str, str]:
+    """The options the module's comments name, spelled as the job's tree spells them."""
+    return {f"option_{keyword}": spelling(keyword) for keyword in (
+        "checkpoint_blocks", "checkpoint_save_blocks", "checkpoint_save_in", "parallel", "fsdp_keep_units")}
+
+
 _HEAD = '''"""Activation checkpointing chosen by graphmem plan --policy: the least recompute whose peak
 fits the budget, block by block{then}.
 
@@ -82,12 +89,12 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 # the blocks are the modules of this class, in model.modules() order (0-based)
 BLOCK_CLASS = {cls!r}
 BLOCKS = {count}  # in the model analysed
-CHECKPOINTED = {blocks!r}  # as graphmem's --checkpoint-blocks {spec}
+CHECKPOINTED = {blocks!r}  # as graphmem's {option_checkpoint_blocks} {spec}
 # of those, the blocks checkpointed selectively: they keep the outputs of SAVE_OPS and recompute
-# the rest (--checkpoint-save-blocks); the others recompute their whole forward
+# the rest ({option_checkpoint_save_blocks}); the others recompute their whole forward
 SELECTIVE = {selective!r}
 SAVE_OPS = {save_ops!r}
-# blocks that keep outputs op by op (--checkpoint-save-in {save_in}): block -> (submodule path inside
+# blocks that keep outputs op by op ({option_checkpoint_save_in} {save_in}): block -> (submodule path inside
 # the block, "" for the whole block; the aten ops whose outputs it keeps while that submodule runs)
 KEPT = {kept}
 '''
@@ -236,27 +243,32 @@ def _sharding_lines(policy: PolicyPlan, chosen: CheckpointChoice) -> list[str]:
     units = ([f"FSDP2's units are {', '.join(sharding.units)}, finer than the job's own "
               f"({', '.join(sharding.options[0].units)}): fewer unsharded parameters at a time."]
              if sharding.finer else [])
-    return [f"Peaks are per rank (the rank that needs the most) with --parallel {sharding.parallel};", how, *units]
+    return [f"Peaks are per rank (the rank that needs the most) with {spelling('parallel')} {sharding.parallel};",
+            how, *units]
 
 
 def options_of(policy: PolicyPlan, chosen: CheckpointChoice) -> str:
     """The options that analyse ``chosen``: ``--checkpoint Block --checkpoint-blocks 0-3`` (and
     ``--checkpoint-save matmuls --checkpoint-save-blocks 2-3`` where some blocks are selective)."""
-    text = f"--checkpoint {policy.block_class} --checkpoint-blocks {_spec(chosen.blocks)}" if chosen.blocks else ""
+    from graphmem.job.job import command_line
+
+    given: dict[str, object] = {}
+    if chosen.blocks:
+        given.update(checkpoint=policy.block_class, checkpoint_blocks=chosen.blocks)
     if chosen.selective:
-        text += f" --checkpoint-save {','.join(policy.save)} --checkpoint-save-blocks {_spec(chosen.selective)}"
+        given.update(checkpoint_save=policy.save, checkpoint_save_blocks=chosen.selective)
     if chosen.kept:
-        text += f" --checkpoint-save-in {save_in_option(chosen.kept)}"
+        given.update(checkpoint_save_in=chosen.kept)
     sharding = policy.sharding
     if sharding is not None:
-        text += f" --parallel {sharding.parallel}"
+        given.update(parallel=sharding.parallel)
         if sharding.finer:
-            text += f" --fsdp-units {','.join(sharding.units)}"
+            given.update(fsdp_units=sharding.units)
         if sharding.reshard_after_forward is not None:
-            text += f" --reshard-after-forward {str(sharding.reshard_after_forward).lower()}"
+            given.update(reshard_after_forward=sharding.reshard_after_forward)
         if chosen.keep_units:
-            text += f" --fsdp-keep-units {_spec(chosen.keep_units)}"
-    return text.strip() or "(as given)"
+            given.update(fsdp_keep_units=chosen.keep_units)
+    return command_line(**given) or "(as given)"
 
 
 def save_in_option(kept: Sequence[tuple[int, Sequence[str]]]) -> str:
@@ -296,7 +308,7 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
     """
     chosen = policy.chosen if policy.chosen is not None else policy.lowest
     then = ", then single ops' outputs kept where the budget leaves room" if chosen.kept else ""
-    text = _HEAD.format(summary=_summary(policy, chosen, described), then=then, cls=policy.block_class,
+    text = _HEAD.format(**_spelled(), summary=_summary(policy, chosen, described), then=then, cls=policy.block_class,
                         count=policy.blocks, blocks=tuple(chosen.blocks), spec=_spec(chosen.blocks),
                         selective=tuple(chosen.selective), save_ops=tuple(policy.saved_ops),
                         kept=_kept_text(chosen.kept),
@@ -313,14 +325,14 @@ def render_policy_module(policy: PolicyPlan, described: str) -> str:
 
 _FSDP = '''
 
-# FSDP2 (torch.distributed.fsdp.fully_shard) as graphmem analysed it with --parallel {parallel}: each
+# FSDP2 (torch.distributed.fsdp.fully_shard) as graphmem analysed it with {option_parallel} {parallel}: each
 # module of FSDP_UNITS a unit (in model.modules() order), then the root, all with these settings
 FSDP_UNITS = {units!r}
 # True: a unit frees its unsharded parameters after forward and all-gathers them again in backward;
 # False: it keeps them until its backward; None: FSDP2's default (every unit but the root reshards)
 RESHARD_AFTER_FORWARD = {reshard!r}
 # these units (0-based, in model.modules() order among FSDP_UNITS) keep their parameters after forward
-# whatever RESHARD_AFTER_FORWARD says (graphmem's --fsdp-keep-units)
+# whatever RESHARD_AFTER_FORWARD says (graphmem's {option_fsdp_keep_units})
 KEEP_UNITS = {keep!r}
 PARAM_DTYPE = {param!r}  # MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...); None: the parameters' own
 REDUCE_DTYPE = {reduce!r}
@@ -349,7 +361,7 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
 
 def _fsdp_text(sharding: Sharding, chosen: CheckpointChoice) -> str:
     """The module's FSDP2 part: the units, reshard_after_forward, apply_fsdp(model, mesh)."""
-    return _FSDP.format(parallel=sharding.parallel, units=tuple(sharding.units),
+    return _FSDP.format(**_spelled(), parallel=sharding.parallel, units=tuple(sharding.units),
                         reshard=sharding.reshard_after_forward, keep=tuple(chosen.keep_units),
                         param=sharding.param_dtype,
                         reduce=sharding.reduce_dtype, titan=torchtitan_reshard(sharding.reshard_after_forward))

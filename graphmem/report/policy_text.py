@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphmem.job.grammar import format_blocks, format_save_in, format_units, grouped_by_names
+from graphmem.job.option import spelling
 from graphmem.report.policy_file import options_of, torchtitan_reshard, torchtitan_settings
 
 if TYPE_CHECKING:
@@ -151,10 +152,12 @@ def _sharding(sharding: Sharding, fmt: Callable[[int], str]) -> str:
                      f"{made.recompute_flops:,}", fmt(option.gathered_bytes),
                      "yes" if option.chosen else "no (lowest peak)", "<- chosen" if sharding.taken(option) else ""])
     own = (sharding.options[0].units if sharding.options else ()) or sharding.units
-    title = f"Parameters after forward, with --parallel {sharding.parallel} (FSDP2 units: {', '.join(own)}): "
+    title = (f"Parameters after forward, with {spelling('parallel')} {sharding.parallel} (FSDP2 units: "
+             f"{', '.join(own)}): ")
     if layouts:
         finer = next(o.units for o in sharding.options if o.units != own)
-        title = (f"FSDP2's units and their parameters after forward, with --parallel {sharding.parallel}: units "
+        title = (f"FSDP2's units and their parameters after forward, with {spelling('parallel')} "
+                 f"{sharding.parallel}: units "
                  f"{', '.join(finer)} split the job's own ({', '.join(own)}), fewer unsharded parameters at a time "
                  "(searched where the job's own needed recompute and, with the blocks these needed checkpointed, "
                  "the finer units' peak was lower); ")
@@ -211,7 +214,8 @@ def _how(policy: PolicyPlan) -> str:
              else "the composite differs from the analysis for some choices shown (peak_bytes decides)")
     notes = f" Not exact: {'; '.join(policy.notes)}." if policy.notes else ""
     if policy.sharding is not None:
-        notes += (f" With --parallel {policy.sharding.parallel} the recordings are every distinct rank's under "
+        notes += (f" With {spelling('parallel')} {policy.sharding.parallel} the recordings are every distinct rank's "
+                  "under "
                   "FSDP2 (a peak is the rank that needs the most), made for each setting of the parameters after "
                   "forward; the front is the chosen setting's.")
     counted = "" if policy.cost_unit == "FLOPs" else f" (recompute counted as {policy.cost_model})"

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from graphmem.report.header import Setup, render_header, setup_to_dict
+from graphmem.job.option import spelling
+from graphmem.report.header import Settings, render_header, settings_to_dict
 from graphmem.report.table import unseen_line
 from graphmem.units import UNITS, format_bytes
 
@@ -51,7 +52,7 @@ class Context:
     device: str
     mode: str
     gpu: str | None = None
-    setup: Setup | None = None
+    setup: Settings | None = None
 
 
 def _budget_dict(budget: Budget) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def context_dict(context: Context, report: MemoryReport | None = None) -> dict[s
     setting that changes the numbers."""
     return {"target": context.target, "inputs": list(context.inputs), "device": context.device,
             "gpu": context.gpu, "mode": context.mode,
-            **(setup_to_dict(context.setup, report) if context.setup is not None else {})}
+            **(settings_to_dict(context.setup, report) if context.setup is not None else {})}
 
 
 def header(command: str, context: Context, report: MemoryReport | None = None,
@@ -121,7 +122,8 @@ def _cuda_rows(result: CheckResult, context: Context, fmt: Callable[[int], str])
              "torch.cuda.max_memory_reserved(): the segments the caching allocator obtains from the GPU"],
             ["CUDA context", fmt(f.cuda_context_bytes), "outside the allocator (an estimate for the GPU)"]]
     if result.report.parallel is not None:
-        rows.append(["NCCL buffers", fmt(f.nccl_buffer_bytes), "NCCL's own, outside the allocator (--nccl-buffer-mb)"])
+        rows.append(["NCCL buffers", fmt(f.nccl_buffer_bytes), "NCCL's own, outside the allocator "
+                                                               f"({spelling('nccl_buffer_mb')})"])
     rows.append(["budget", fmt(budget.total_bytes), budget.source])
     outside = _outside_words(f)
     margin = float(budget.margin)
@@ -177,7 +179,8 @@ def _verdict(result: CheckResult, fmt: Callable[[int], str], hint: str = _PLAN) 
     room = e.headroom_bytes(budget)
     outcome = (f"fits with {fmt(room)} headroom ({_share(room, budget)})" if e.fits
                else f"still short by {fmt(-room)}; {hint}")
-    lines.append(f"Remedy: PYTORCH_CUDA_ALLOC_CONF={e.alloc_conf} (--alloc-conf {e.alloc_conf}), analysed: reserved "
+    lines.append(f"Remedy: PYTORCH_CUDA_ALLOC_CONF={e.alloc_conf} ({spelling('alloc_conf')} {e.alloc_conf}), "
+                 "analysed: reserved "
                  f"peak {fmt(e.footprint.reserved_peak_bytes or 0)} ({fmt(e.footprint.needed_bytes)} with the "
                  f"{_outside_words(e.footprint)}): {outcome}")
     return "\n".join(textwrap.fill(line, width=100) for line in lines)

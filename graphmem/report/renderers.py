@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from graphmem.memory.results import MemoryReport
-from graphmem.report.header import Setup
+from graphmem.report.header import Settings
 from graphmem.report.json import render_json
 from graphmem.report.table import render_table
 
@@ -22,7 +22,7 @@ class Renderer(Protocol):
     change its numbers (shown in the header and the JSON; None: only what the report shows)."""
 
     def __call__(self, report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
-                 setup: Setup | None = None) -> str: ...
+                 setup: Settings | None = None) -> str: ...
 
 
 RENDERERS: dict[str, Renderer] = {

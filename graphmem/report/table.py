@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 from tabulate import tabulate
 
 from graphmem.job.optim_formula import FORMULA_OPTIMIZERS
+from graphmem.job.option import spelling
 from graphmem.memory.results import Category, MemoryReport, ModeReport
 from graphmem.records import Phase
 from graphmem.report.cuda_section import cuda_table
 from graphmem.report.generate_section import generate_table
-from graphmem.report.header import Setup, render_header
+from graphmem.report.header import Settings, render_header
 from graphmem.report.module_table import render_module_sections
 from graphmem.report.parallel_section import parallel_table
 from graphmem.report.program_section import program_failure_line, program_files_table
@@ -29,7 +30,7 @@ def module_label(module: str, phase: str, root: str) -> str:
 
 
 def render_table(report: MemoryReport, units: str = "auto", *, depth: int = 2, top: int = 10,
-                 setup: Setup | None = None) -> str:
+                 setup: Settings | None = None) -> str:
     """Summary, breakdown at each peak, per-phase peaks, where each peak happens, and where the
     memory goes: a sparkline, a per-module table ``depth`` levels deep, the ``top`` largest
     storages at the peak (of the training mode when analysed, else inference).  ``setup``: the
@@ -122,4 +123,4 @@ def unseen_line(modes: Sequence[ModeReport]) -> str:
     if not names:
         return ""
     return (f"\nupper bound: sizes depend on values of {', '.join(names)} that graphmem did not see; "
-            "give them with --sample FILE")
+            f"give them with {spelling('sample')} FILE")

@@ -204,4 +204,4 @@ def _finish(recorder: Recorder, recording: Recording, fake_mode: Any, size: torc
     return Trace(mode=recording.mode, fx=recorder.fx.graph, ops=tuple(recorder.ops), storages=recorder.freeze(),
                  optimizer=recording.step.optimizer if recording.mode == "train" else None,
                  assumptions=tuple(notes), kv_cache_bytes=kv_bytes, sizes=sizes,
-                 unseen_inputs=tuple(sorted(answers.unseen)))
+                 unseen_inputs=tuple(sorted(answers.unseen)), loss=recorder.loss)

@@ -38,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import graphmem
 from graphmem.cli import main
 from graphmem.job import make_job
+from graphmem.job.job import edited
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.plan import make_plan
 from graphmem.preflight.policy.search import PolicyPlan
@@ -430,7 +431,7 @@ def moe_policy(budget: int) -> PolicyPlan:
 
 def test_moe_checkpointed_analysis_equals_the_real_run() -> None:
     """The recompute in backward reads the routing again (graphmem failed there before)."""
-    checkpointed = graphmem.analyze(MOE_JOB().updated(checkpoint=["MoEBlock"])).train
+    checkpointed = graphmem.analyze(edited(MOE_JOB(), checkpoint=["MoEBlock"])).train
     assert checkpointed is not None and checkpointed.peak_bytes == measured_moe((0, 1, 2))
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from graphmem import analyze, make_job
+from graphmem.job.job import edited
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.master_weights import MASTER_WEIGHTS_OPTIMIZER
 from graphmem.preflight.plan import Plan, make_plan
@@ -135,12 +136,12 @@ def test_offload_row_is_the_device_side_of_the_step() -> None:
     gpt = MODELS["gpt"]
     job = make_job(gpt.build, (_SPECS["gpt"],), mode="train", loss=gpt.loss, optimizer="adam", gpu="h100-80gb")
     plan = make_plan(job, Budget(1 << 20, Fraction(0), "test"), world_size=1)
-    cuda = analyze(job.updated(optimizer="none")).train
+    cuda = analyze(edited(job, optimizer="none")).train
     assert cuda is not None and cuda.allocator is not None
     hopper_context = 500 << 20  # graphmem/cuda/gpus.py, CUDA_CONTEXT_BYTES
     assert _row(plan, {"offload": "optimizer"}).peak_bytes == cuda.allocator.reserved_peak_bytes + hopper_context
     assert not [r for r in plan.rows if "parallel" in r.changes]  # one GPU: no sharding rows
-    cpu_plan = make_plan(job.updated(device="cpu"), Budget(1 << 20, Fraction(0), "test"))
+    cpu_plan = make_plan(edited(job, device="cpu"), Budget(1 << 20, Fraction(0), "test"))
     assert not [r for r in cpu_plan.rows if "offload" in r.changes]  # the CPU target is the host
 
 

@@ -118,10 +118,10 @@ def test_nccl_buffers_on_the_gpu_as_analyze_counts_them() -> None:
     from graphmem import analyze
 
     script = str(PROGRAMS / "ddp.py")
-    ranks = run_program(script, nproc_per_node=2, gpu="h100").train
-    job = analyze("examples/mlp.py:MLP", ["32x1000"], mode="train", optimizer="adam", gpu="h100",
+    ranks = run_program(script, nproc_per_node=2, gpu="h100-80gb").train
+    job = analyze("examples/mlp.py:MLP", ["32x1000"], mode="train", optimizer="adam", gpu="h100-80gb",
                   parallel="ddp=2").train
-    single = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda"], gpu="h100").train
+    single = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda"], gpu="h100-80gb").train
     assert ranks is not None and ranks.allocator and job is not None and job.allocator
     assert single is not None and single.allocator
     assert ranks.allocator.nccl_buffer_bytes == job.allocator.nccl_buffer_bytes > 0

@@ -162,11 +162,12 @@ def test_torchtitan_own_config_on_eight_gpus(titan_assets: Path) -> None:
     CUDA graphs (0.3.0's default) are refused with what to pass instead."""
     config = [TRAIN, "--module", "tiny_titan", "--config", "llama3_debug_local",
               "--parallelism.spmd_backend", "partial_dtensor"]
-    refused = subprocess.run([sys.executable, "-m", "graphmem", "run", "--gpu", "h100", "--nproc-per-node", "8",
+    refused = subprocess.run([sys.executable, "-m", "graphmem", "run", "--gpu", "h100-80gb", "--nproc-per-node", "8",
                               "--ranks", "0", *config], capture_output=True, text=True, env=_env(), timeout=600)
     assert refused.returncode == 3
     assert "captures a CUDA graph" in refused.stderr and "--training.disable_cuda_graphs" in refused.stderr
-    train = _graphmem_run("--gpu", "h100", "--nproc-per-node", "8", *config, "--training.disable_cuda_graphs")["train"]
+    train = _graphmem_run("--gpu", "h100-80gb", "--nproc-per-node", "8", *config,
+                          "--training.disable_cuda_graphs")["train"]
     assert {r["rank"] for r in train["ranks"]} == {0, 7}
     parameters = 6_163_712 * 4 // 8  # the sharded float32 parameters of a rank
     for rank in train["ranks"]:
@@ -200,5 +201,5 @@ def test_torchtune_single_device(tune_assets: Path, recipe: str, config: str) ->
     train = _graphmem_run(*argv)["train"]
     assert train["peak_bytes"] == real["peak"]
     assert [train["first_step_peak_bytes"], train["steady_state_peak_bytes"]] == [real["step 1"], real["step 2"]]
-    gpu = _graphmem_run("--gpu", "h100", *argv, "device=cuda", "dtype=bf16")["train"]
+    gpu = _graphmem_run("--gpu", "h100-80gb", *argv, "device=cuda", "dtype=bf16")["train"]
     assert 0 < gpu["peak_bytes"] < train["peak_bytes"]  # bf16 on the GPU: less than float32 on the CPU

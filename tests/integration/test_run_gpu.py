@@ -21,7 +21,7 @@ from tests.oracles import save_tiny_gpt2
 PROGRAMS = ROOT / "tests" / "programs"
 
 
-@pytest.mark.parametrize("gpu", ["h100", "v100"])
+@pytest.mark.parametrize("gpu", ["h100-80gb", "v100-32gb"])
 def test_program_doing_analyzes_step_on_the_gpu_gives_analyzes_cuda_numbers(gpu: str) -> None:
     """SGD with momentum (its state all on the GPU): the live peak, each step's peak and the
     caching allocator's peaks equal analyze --gpu's."""
@@ -37,7 +37,7 @@ def test_program_doing_analyzes_step_on_the_gpu_gives_analyzes_cuda_numbers(gpu:
 def test_adams_step_counters_stay_on_the_host() -> None:
     """torch.optim.Adam keeps each parameter's step count in a CPU tensor unless capturable or
     fused (torch/optim/adam.py, _init_group): on the GPU its state is exp_avg and exp_avg_sq."""
-    run = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda", "adam"], gpu="h100").train
+    run = run_program(str(PROGRAMS / "analyze_step.py"), ["cuda", "adam"], gpu="h100-80gb").train
     assert run is not None
     state = [s for s in run.trace.storages if s.label.endswith((".step", ".exp_avg", ".exp_avg_sq"))]
     assert {s.label.rsplit(".", 1)[1] for s in state if s.nbytes} == {"exp_avg", "exp_avg_sq"}
@@ -70,7 +70,7 @@ def test_what_stays_on_the_host_weighs_nothing_on_the_gpu() -> None:
     """A CPU corpus 64x larger changes the CPU run's peak and not the GPU's; batches moved to
     the GPU, positions made with device=x.device and CPU copies of the loss are placed as a
     real run places them."""
-    small, large = (run_program(str(PROGRAMS / "gpu_loop.py"), ["--corpus-rows", str(rows)], gpu="h100").train
+    small, large = (run_program(str(PROGRAMS / "gpu_loop.py"), ["--corpus-rows", str(rows)], gpu="h100-80gb").train
                     for rows in (256, 16384))
     assert small is not None and large is not None
     assert small.peak_bytes == large.peak_bytes
@@ -96,23 +96,23 @@ def test_multihead_attention_takes_cudas_attention_kernel_in_analyze_too() -> No
             return self.block(x)
 
     for amp, backend in (("fp16", "flash"), (None, "efficient")):
-        report = analyze(Block, ["8x64x256"], mode="train", optimizer="adam", gpu="h100", amp=amp).train
+        report = analyze(Block, ["8x64x256"], mode="train", optimizer="adam", gpu="h100-80gb", amp=amp).train
         assert report is not None and set(report.sdpa_backends) == {backend}
         assert not any("_safe_softmax" in op.op for op in report.trace.ops)
 
 
 def test_command_line_on_the_gpu() -> None:
-    result = CliRunner().invoke(main, ["run", "--gpu", "h100", "examples/train_loop.py", "--batch-size", "8"])
+    result = CliRunner().invoke(main, ["run", "--gpu", "h100-80gb", "examples/train_loop.py", "--batch-size", "8"])
     assert result.exit_code == 0, result.output
     assert re.search(r"device\s+cuda, h100-80gb", result.output)
     assert "reserved peak (max_memory_reserved)" in result.output
     assert re.search(r"allocator\s+PyTorch's defaults", result.output)
-    conf = CliRunner().invoke(main, ["run", "--gpu", "h100", "--alloc-conf", "expandable_segments:True", "--format",
-                                     "json", "examples/train_loop.py", "--batch-size", "8"])
+    conf = CliRunner().invoke(main, ["run", "--gpu", "h100-80gb", "--alloc-conf", "expandable_segments:True",
+                                     "--format", "json", "examples/train_loop.py", "--batch-size", "8"])
     assert conf.exit_code == 0, conf.output
     data, _ = json.JSONDecoder().raw_decode(conf.stdout[conf.stdout.index("{"):])  # the program prints after it
     assert data["setup"]["alloc_conf"] == "expandable_segments:True"  # the settings it ran under
-    both = CliRunner().invoke(main, ["run", "--device", "cpu", "--gpu", "h100", "examples/train_loop.py"])
+    both = CliRunner().invoke(main, ["run", "--device", "cpu", "--gpu", "h100-80gb", "examples/train_loop.py"])
     assert both.exit_code == 2 and "give one of them" in both.output
 
 
@@ -123,7 +123,7 @@ def test_hf_trainer_on_the_gpu(tmp_path: object) -> None:
     pytest.importorskip("transformers")
     script = str(PROGRAMS / "hf_trainer.py")
     cpu = run_program(script, [str(tmp_path)]).train
-    gpu = run_program(script, [str(tmp_path), "--cuda"], gpu="h100").train
+    gpu = run_program(script, [str(tmp_path), "--cuda"], gpu="h100-80gb").train
     assert cpu is not None and gpu is not None and gpu.allocator is not None
     assert gpu.params_bytes == cpu.params_bytes > 0
     assert gpu.optimizer_state_bytes == cpu.optimizer_state_bytes > 0
@@ -147,7 +147,7 @@ def test_from_pretrained_reads_headers_only(tmp_path: object) -> None:
             data = data[:8 + struct.unpack("<Q", data[:8])[0]]
         (cut / f.name).write_bytes(data)
     script = str(PROGRAMS / "from_pretrained.py")
-    whole, header = (run_program(script, [str(folder)], gpu="h100").train for folder in (full, cut))
+    whole, header = (run_program(script, [str(folder)], gpu="h100-80gb").train for folder in (full, cut))
     assert whole is not None and header is not None and whole.allocator and header.allocator
     assert header.peak_bytes == whole.peak_bytes and header.iteration_peaks == whole.iteration_peaks
     assert header.allocator.reserved_peak_bytes == whole.allocator.reserved_peak_bytes
@@ -159,7 +159,7 @@ def test_lightning_on_the_gpu() -> None:
     closure that runs the forward and backward inside the step: the update after the closure is
     the optimizer phase, in the foreach implementation PyTorch picks for CUDA parameters."""
     pytest.importorskip("lightning")
-    result = CliRunner().invoke(main, ["run", "--gpu", "h100", str(PROGRAMS / "lightning_fit.py"), "auto"])
+    result = CliRunner().invoke(main, ["run", "--gpu", "h100-80gb", str(PROGRAMS / "lightning_fit.py"), "auto"])
     assert result.exit_code == 0, result.output
     assert "Adam (foreach)" in result.output and re.search(r"device\s+cuda, h100-80gb", result.output)
 
@@ -168,7 +168,7 @@ def test_nanogpt_style_script_on_the_gpu(tmp_path: object) -> None:
     """The same script on the GPU: bf16 autocast held in one object entered again and again
     (``ctx = torch.amp.autocast(...)``), fused AdamW, pinned batches moved non-blocking; the
     memmapped corpus stays on the host."""
-    report = run_program(str(PROGRAMS / "nanogpt_style.py"), ["--out", str(tmp_path)], gpu="h100").train
+    report = run_program(str(PROGRAMS / "nanogpt_style.py"), ["--out", str(tmp_path)], gpu="h100-80gb").train
     assert report is not None and report.allocator is not None
     # bf16, causal, head dim 32: flash; 2 blocks x 6 forwards (2 evaluation batches, 2 steps x 2 micro-batches)
     assert report.sdpa_backends == {"flash": 12}
@@ -195,7 +195,7 @@ def test_torch_cuda_api_of_gpu_programs(capfd: pytest.CaptureFixture[str]) -> No
 @pytest.mark.parametrize(("asked", "taken"), [("", "flash"), ("efficient", "efficient"), ("math", "math")])
 def test_the_programs_sdpa_kernel_choice_is_honoured(asked: str, taken: str) -> None:
     """torch.nn.attention.sdpa_kernel(...) narrows the backends as select_sdp_backend sees them."""
-    report = run_program(str(PROGRAMS / "sdpa_choice.py"), [asked] if asked else [], gpu="h100").train
+    report = run_program(str(PROGRAMS / "sdpa_choice.py"), [asked] if asked else [], gpu="h100-80gb").train
     assert report is not None and set(report.sdpa_backends) == {taken}
 
 
@@ -204,7 +204,8 @@ def test_the_programs_dispatch_modes_see_the_gpus_devices(capfd: pytest.CaptureF
     torchtitan's does) sees the one real ``.cpu()`` per block, not the norm's ``type_as`` cast,
     whose device argument torch's C++ code takes from the tensor: on a GPU that is the GPU.  So
     the rule saves nothing more: the run equals the one without it."""
-    runs = [run_program(str(PROGRAMS / "sac_policy.py"), flags, gpu="h100").train for flags in ([], ["--no-host-rule"])]
+    runs = [run_program(str(PROGRAMS / "sac_policy.py"), flags, gpu="h100-80gb").train
+            for flags in ([], ["--no-host-rule"])]
     assert re.findall(r"host copies seen (\d+)", capfd.readouterr().out) == ["4", "4"]  # 4 blocks, after step 1
     with_rule, without = runs
     assert with_rule is not None and without is not None and with_rule.allocator and without.allocator
@@ -218,7 +219,7 @@ def test_fsdp_over_tensor_parallel_initialises_its_dtensors_on_the_gpu() -> None
     from real indices (a fake holds none).  Each rank holds a quarter of the parameters, but the
     row-wise layer's bias (replicated over tensor parallelism) a half: 525,824 B, as a real
     4-process gloo run of the same program on a CPU mesh holds on every rank."""
-    run = run_program(str(PROGRAMS / "fsdp_tp_init.py"), gpu="h100", nproc_per_node=4, ranks=[0]).train
+    run = run_program(str(PROGRAMS / "fsdp_tp_init.py"), gpu="h100-80gb", nproc_per_node=4, ranks=[0]).train
     assert run is not None
     assert run.params_bytes == (256 * 1024 + 1024 + 1024 * 256) * 4 // 4 + 256 * 4 // 2  # float32
 
@@ -226,10 +227,10 @@ def test_fsdp_over_tensor_parallel_initialises_its_dtensors_on_the_gpu() -> None
 def test_cuda_graph_names_are_types_and_refused_when_used() -> None:
     """torch.cuda.CUDAGraph may stand in an annotation evaluated at import (``CUDAGraph | None``);
     making one is refused with what to do instead."""
-    report = run_program(str(PROGRAMS / "cuda_graph_names.py"), gpu="h100").train
+    report = run_program(str(PROGRAMS / "cuda_graph_names.py"), gpu="h100-80gb").train
     assert report is not None and report.peak_bytes > 0
     with pytest.raises(GraphmemError, match="captures a CUDA graph"):
-        run_program(str(PROGRAMS / "cuda_graph_names.py"), ["--capture"], gpu="h100")
+        run_program(str(PROGRAMS / "cuda_graph_names.py"), ["--capture"], gpu="h100-80gb")
 
 
 def test_cuda_autocast_to_float32_runs_as_float32(tmp_path: object) -> None:
@@ -252,8 +253,8 @@ for _ in range(2):
     opt.zero_grad()
 """
     (folder / "prog.py").write_text(body)
-    with_fp32 = run_program(str(folder / "prog.py"), ["fp32"], gpu="h100").train
-    without = run_program(str(folder / "prog.py"), ["none"], gpu="h100").train
+    with_fp32 = run_program(str(folder / "prog.py"), ["fp32"], gpu="h100-80gb").train
+    without = run_program(str(folder / "prog.py"), ["none"], gpu="h100-80gb").train
     assert with_fp32 is not None and without is not None
     assert with_fp32.iteration_peaks == without.iteration_peaks and with_fp32.peak_bytes == without.peak_bytes
 
@@ -278,7 +279,7 @@ for _ in range(2):
     opt.step()
     opt.zero_grad()
 """)
-    data_parallel = run_program(str(folder / "prog.py"), ["dp"], gpu="h100").train
-    plain = run_program(str(folder / "prog.py"), ["plain"], gpu="h100").train
+    data_parallel = run_program(str(folder / "prog.py"), ["dp"], gpu="h100-80gb").train
+    plain = run_program(str(folder / "prog.py"), ["plain"], gpu="h100-80gb").train
     assert data_parallel is not None and plain is not None
     assert data_parallel.iteration_peaks == plain.iteration_peaks

@@ -1,4 +1,4 @@
-"""graphmem run --gpu h100 --nproc-per-node 2 on PyTorch's own tutorials (tests/programs/
+"""graphmem run --gpu h100-80gb --nproc-per-node 2 on PyTorch's own tutorials (tests/programs/
 ddp_tutorial.py, fsdp2_tutorial.py): each rank sees the node's GPUs as torchrun's processes
 would, one of them its own, through whichever API it asks (torch.cuda, torch.accelerator, an int
 device, FSDP2's default mesh).  The oracle: what a rank holds of parameters, gradients and
@@ -41,7 +41,7 @@ def test_ddp_tutorial_each_rank_holds_what_it_holds_on_the_cpu(setup: list[str],
     DDP(device_ids=[an int]), batches .to(an int): both ranks run.  nn.Linear(20, 1) in float32:
     (20 + 1) x 4 = 84 B of parameters and of gradients on every rank (DDP replicates); plain SGD
     keeps no state."""
-    on_the_gpu = _ranks("ddp_tutorial.py", setup, "h100")
+    on_the_gpu = _ranks("ddp_tutorial.py", setup, "h100-80gb")
     assert sorted(on_the_gpu) == sorted(ddp_on_the_cpu) == [0, 1]
     for rank, report in on_the_gpu.items():
         assert _held(report) == _held(ddp_on_the_cpu[rank]) == (84, 84, 0), rank
@@ -57,7 +57,7 @@ def test_fsdp2_tutorial_shards_on_the_gpu_mesh_by_default() -> None:
     padding); gradients alike; Adam's exp_avg and exp_avg_sq twice that.  Adam's step counters
     (one float32 each, 53 parameters) are the host's on a GPU, as PyTorch keeps them there
     (non-capturable, non-fused), and the CPU target's own memory on the CPU: 212 B apart."""
-    on_the_gpu = _ranks("fsdp2_tutorial.py", [], "h100")
+    on_the_gpu = _ranks("fsdp2_tutorial.py", [], "h100-80gb")
     on_the_cpu = _ranks("fsdp2_tutorial.py", ["--cpu"], None)
     assert sorted(on_the_gpu) == sorted(on_the_cpu) == [0, 1]
     per_rank = 46_688 * 4 // 2
@@ -97,7 +97,7 @@ def test_each_rank_sees_its_own_gpu(tmp_path: Path, capfd: pytest.CaptureFixture
     device module the GPU's, torch.device(an int) the GPU's index."""
     script = tmp_path / "devices.py"
     script.write_text(DEVICES)
-    run_program(str(script), gpu="h100", nproc_per_node=2, ranks="all")
+    run_program(str(script), gpu="h100-80gb", nproc_per_node=2, ranks="all")
     out = capfd.readouterr().out
     for rank in (0, 1):
         assert (f"rank {rank}: count 2 2 current {rank} {rank} module torch.cuda device cuda:{rank} "
@@ -124,7 +124,7 @@ def test_an_error_raised_inside_torch_names_torchs_line(tmp_path: Path) -> None:
     script = tmp_path / "raises.py"
     script.write_text(textwrap.dedent(RAISES_IN_TORCH))
     with pytest.raises(GraphmemError) as raised:
-        run_program(str(script), gpu="h100", nproc_per_node=2, ranks=[0])
+        run_program(str(script), gpu="h100-80gb", nproc_per_node=2, ranks=[0])
     message = str(raised.value)
     assert "device_ids can only be None or contain a single element" in message
     assert "torch/nn/parallel/distributed.py:" in message

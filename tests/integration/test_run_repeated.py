@@ -25,8 +25,8 @@ def _both(monkeypatch: pytest.MonkeyPatch, argv: list[str], **kwargs: object) ->
 
 @pytest.mark.parametrize(("argv", "kwargs"), [
     ([], {}),
-    (["--device", "cuda", "--checkpoint"], {"gpu": "h100"}),
-    pytest.param(["--device", "cuda"], {"gpu": "h100", "nproc_per_node": 2}, marks=pytest.mark.slow),  # ~20 s
+    (["--device", "cuda", "--checkpoint"], {"gpu": "h100-80gb"}),
+    pytest.param(["--device", "cuda"], {"gpu": "h100-80gb", "nproc_per_node": 2}, marks=pytest.mark.slow),  # ~20 s
 ], ids=["cpu", "gpu-checkpointed", "gpu-fsdp-2-ranks"])
 def test_a_stack_recorded_once_gives_the_whole_recording(monkeypatch: pytest.MonkeyPatch, argv: list[str],
                                                           kwargs: dict[str, object]) -> None:

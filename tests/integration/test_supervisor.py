@@ -421,7 +421,7 @@ def program(tmp_path: Path) -> Path:
 def test_options_after_the_script_are_the_programs(program: Path) -> None:
     """graphmem's options end at the script: the program's --timeout, --format and the rest are
     its own, in its argv, and neither graphmem's time limit nor its error output change."""
-    theirs = ["--timeout", "2", "--format", "json", "--device", "cuda", "--steps", "5", "--gpu", "a100",
+    theirs = ["--timeout", "2", "--format", "json", "--device", "cuda", "--steps", "5", "--gpu", "a100-80gb",
               "--output", "x", "-h"]
     calls: dict[str, tuple[list[str], dict[str, str]]] = {
         "theirs": (["run", "--timeout", "60s", "prog.py", *theirs], {"SLEEP_S": "3"}),  # it was killed after 2 s

@@ -1,7 +1,7 @@
 """Public training programs, unchanged (tests/programs/wild/, listed with their repositories,
 commits, licences and command lines in tests/programs/wild/SOURCE.md): each run for real and with
 graphmem run on the CPU, the peak and each step's peak compared to the byte; each run with
-``graphmem run --gpu h100 --device cuda`` where it can take a cuda device, to the end; and no file
+``graphmem run --gpu h100-80gb --device cuda`` where it can take a cuda device, to the end; and no file
 of the program's folder changed by graphmem run.
 
 Ground truth: tests/oracles.py's ``measure_program`` (live storages counted op by op from the
@@ -503,13 +503,13 @@ def test_real_run_equals_graphmem_run(name: str, tmp_path: Path, monkeypatch: py
 
 @pytest.mark.parametrize("name", _params("gpu"))
 def test_runs_to_the_end_on_a_gpu(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """graphmem run --gpu h100 --device cuda: the program takes the GPU (its own option for it,
+    """graphmem run --gpu h100-80gb --device cuda: the program takes the GPU (its own option for it,
     where it has one) and runs to its last recorded step, exit 0."""
     program = BY_ID[name]
     _present(program)
     setup = program.setup(tmp_path)
     nproc = ["--nproc-per-node", str(program.nproc)] if program.nproc else []
-    args = ["run", "--gpu", "h100", "--device", "cuda", "--steps", str(program.steps), *nproc,
+    args = ["run", "--gpu", "h100-80gb", "--device", "cuda", "--steps", str(program.steps), *nproc,
             str(WILD / program.script), *setup.argv, *(program.gpu_argv or ())]
     with _running(program, setup, monkeypatch):
         code, output = _forked(f"{name} gpu", lambda: _cli(args))
@@ -525,7 +525,7 @@ def test_graphmem_run_changes_no_file_of_the_program(name: str, tmp_path: Path,
     _present(program)
     setup = program.setup(tmp_path)
     before = _digest(program.folder)
-    target = ["--gpu", "h100"] if not program.real_cpu else ["--device", "cpu"]
+    target = ["--gpu", "h100-80gb"] if not program.real_cpu else ["--device", "cpu"]
     nproc = ["--nproc-per-node", str(program.nproc)] if program.nproc else []
     with _running(program, setup, monkeypatch):
         _forked(f"{name} files", lambda: _cli(["run", *target, *nproc, "--steps", str(program.steps),

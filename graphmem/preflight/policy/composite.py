@@ -36,6 +36,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from graphmem.errors import UnsupportedError
+from graphmem.job.option import spelling
 from graphmem.memory.results import ModeReport
 from graphmem.preflight.policy.costs import FLOPS, CostModel
 from graphmem.preflight.policy.runs import Runs, cut_runs
@@ -175,13 +176,15 @@ def _line_up(all_runs: Sequence[Runs], choices: Sequence[tuple[int, ...]]) -> No
     for runs, choice in zip(all_runs, choices, strict=True):
         if runs.blocks != first:
             raise UnsupportedError("--policy: the step runs its blocks in another order with some blocks "
-                                   "checkpointed; choose with --checkpoint-blocks and graphmem analyze instead")
+                                   f"checkpointed; choose with {spelling('checkpoint_blocks')} and graphmem analyze "
+                                   "instead")
         for index, run in enumerate(runs.runs):
             lengths[index, None if run.block is None else choice[run.block]].add(run.length)
     uneven = [index for (index, _), seen in lengths.items() if len(seen) > 1]
     if uneven:
         raise UnsupportedError(f"--policy: run {uneven[0]} of the step holds other ops with other blocks "
-                               "checkpointed; choose with --checkpoint-blocks and graphmem analyze instead")
+                               f"checkpointed; choose with {spelling('checkpoint_blocks')} and graphmem analyze "
+                               "instead")
 
 
 def _iteration_ends(runs: Runs, recorded: Recorded, blocks: int) -> dict[int, tuple[int, ...]]:
@@ -321,7 +324,7 @@ def _bound(run: int, tables: Sequence[_Tables], shared: Sequence[Shared], varian
     far_owners = [o for o in owners if o not in touching and o != OUT and _varies(parts[o], variants)]
     if len(near) > _MOST_NEAR:
         raise UnsupportedError(f"--policy: one run's bytes depend on {len(near)} blocks' choices; "
-                               "choose with --checkpoint-blocks and graphmem analyze instead")
+                               f"choose with {spelling('checkpoint_blocks')} and graphmem analyze instead")
     local = {}
     for combo in itertools.product(range(variants), repeat=len(near)):
         local[combo] = _local(run, block, dict(zip(near, combo, strict=True)), tables, parts, far_owners,

@@ -22,6 +22,8 @@ from graphmem import progress
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
+from graphmem.job.option import spelling
+from graphmem.job.step_config import EveryBlock
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.policy.composite import Composite, Recorded, build_composite, merge_composites
 from graphmem.preflight.policy.costs import CostModel, cost_model
@@ -74,10 +76,10 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
         UnsupportedError: ``--parallel`` other than ``fsdp=N``.
         UnsupportedError: the recordings do not line up (composite.py).
     """
-    source = source if source is not None else job.model  # type: ignore[assignment]
+    source = source if source is not None else job.model.target  # type: ignore[assignment]
     if source is None or isinstance(source, str):
         raise AssertionError(f"make_policy: the job's model must be resolved, got {source!r}")
-    model = build_model(source, job.model_kwargs, job.hf_config, device=job.device)
+    model = build_model(source, job.model.kwargs, job.model.hf_config, device=job.device)
     cls, paths = _blocks(job, model, block_class)
     units_are_blocks = job.parallel is not None and units_of(model, job) == (cls,)
     _check_save(save)
@@ -85,7 +87,7 @@ def search_policy(job: Job, budget: Budget, *, block_class: str | None = None, b
     with progress.labelled("checkpointing policy"):
         base = base or analyse(choices.job)
         recorded, done = _recordings(choices, len(paths), _uses_cache(model), base)
-        costs = cost_model(job.device, job.gpu)
+        costs = cost_model(job.device, job.target.gpu)
         composite = _composite(recorded, paths, choices.variants, costs)
         found = search_front(composite, seconds=FRONT_SECONDS)
         front = list(found.points) or [tuple([0] * len(paths))]
@@ -118,16 +120,20 @@ def policy_job(job: Job) -> tuple[Job, str | None]:
         UnsupportedError: ``--parallel`` other than ``fsdp=N`` alone.
     """
     if job.mode != "train" or job.generate is not None:
-        raise UserInputError("--policy chooses activation checkpointing for training: use --mode train")
+        raise UserInputError(f"--policy chooses activation checkpointing for training: use {spelling('mode')} train")
     parallel = job.parallel
     if parallel is not None and ({name for name, _ in parallel.degrees} != {"fsdp"} or parallel.parallelize):
-        raise UnsupportedError(f"--policy with --parallel {parallel.text}: only fsdp=N alone (FSDP2, graphmem's "
-                               "own sharding) is searched; analyse other layouts with --checkpoint-blocks")
-    step = job.step
-    if step.checkpoint_every != 1 or step.checkpoint_save or step.checkpoint_blocks or len(step.checkpoint) > 1:
-        raise UserInputError("--policy chooses the blocks to checkpoint: give at most --checkpoint CLASS (the "
-                             "blocks' class), not --checkpoint-every, --checkpoint-blocks or --checkpoint-save")
-    return job.updated(checkpoint=[]), (step.checkpoint[0] if step.checkpoint else None)
+        raise UnsupportedError(f"--policy with {spelling('parallel')} {parallel.text}: only fsdp=N alone (FSDP2, "
+                               "graphmem's "
+                               f"own sharding) is searched; analyse other layouts with {spelling('checkpoint_blocks')}")
+    checkpoint = job.step.checkpoint
+    if checkpoint is not None and (not isinstance(checkpoint, EveryBlock) or checkpoint.every != 1
+                                   or len(checkpoint.classes) > 1):
+        raise UserInputError(f"--policy chooses the blocks to checkpoint: give at most {spelling('checkpoint')} "
+                             "CLASS (the "
+                             f"blocks' class), not {spelling('checkpoint_every')}, {spelling('checkpoint_blocks')} "
+                             f"or {spelling('checkpoint_save')}")
+    return replace(job, step=replace(job.step, checkpoint=None)), (checkpoint.classes[0] if checkpoint else None)
 
 
 def _blocks(job: Job, model: nn.Module, block_class: str | None) -> tuple[str, tuple[str, ...]]:
@@ -148,7 +154,7 @@ def _outermost(model: nn.Module) -> str:
     classes = block_classes(model)
     if not classes:
         raise UserInputError("--policy: the model has no repeated blocks to checkpoint (no class with two or "
-                             "more modules that have children); name one with --checkpoint CLASS")
+                             f"more modules that have children); name one with {spelling('checkpoint')} CLASS")
     return classes[0]
 
 
@@ -166,7 +172,7 @@ def _uses_cache(model: nn.Module) -> bool:
 
 def _uncached(job: Job) -> Job:
     """``job`` with its model's ``config.use_cache`` off, as checkpointing any block sets it."""
-    source, kwargs, hf_config, device = job.model, job.model_kwargs, job.hf_config, job.device
+    source, kwargs, hf_config, device = job.model.target, job.model.kwargs, job.model.hf_config, job.device
 
     def build() -> nn.Module:
         model = (copy.deepcopy(source) if isinstance(source, nn.Module)
@@ -176,7 +182,8 @@ def _uncached(job: Job) -> Job:
         return model
 
     build.__qualname__ = f"uncached({getattr(source, '__qualname__', type(source).__name__)})"
-    return job.updated(model=build, model_kwargs={}, hf_config=None, preset=None)
+    return replace(job, model=replace(job.model, target=build, kwargs={}, hf_config=None, hf_config_file=None,
+                                      preset=None))
 
 
 def _check_save(save: Sequence[str]) -> None:
@@ -235,7 +242,7 @@ def units_of(model: nn.Module, job: Job) -> tuple[str, ...]:
     """The classes FSDP2 shards as units in ``job`` (graphmem.trace.distributed.fsdp's rule)."""
     from graphmem.trace import fsdp_units
 
-    assert job.parallel is not None, "units_of: a --parallel job"
+    assert job.parallel is not None, f"units_of: a {spelling('parallel')} job"
     return tuple(fsdp_units(model, job.parallel))
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.policy.results import PolicyPlan, Sharding, ShardingOption
@@ -78,7 +79,7 @@ def make_sharded_policy(job: Job, budget: Budget, *, block_class: str | None = N
         ``sharding`` every setting's costs; every peak analysed.
     """
     spec = job.parallel
-    assert spec is not None, "make_sharded_policy: a --parallel job"
+    assert spec is not None, f"make_sharded_policy: a {spelling('parallel')} job"
     units, finer = _unit_classes(job, source)
     searched = _searched(job, spec, units, budget, block_class, base, source, front_points, save)
     probed = None
@@ -152,8 +153,8 @@ def _unit_classes(job: Job, source: ModelSource | None) -> tuple[tuple[str, ...]
     those that split them finer (its finer_units; none where --fsdp-units names the units)."""
     from graphmem.trace import finer_units
 
-    model = build_model(source if source is not None else job.model,  # type: ignore[arg-type]
-                        job.model_kwargs, job.hf_config, device=job.device)
+    model = build_model(source if source is not None else job.model.target,  # type: ignore[arg-type]
+                        job.model.kwargs, job.model.hf_config, device=job.device)
     units = units_of(model, job)
-    assert job.parallel is not None, "_unit_classes: a --parallel job"
+    assert job.parallel is not None, f"_unit_classes: a {spelling('parallel')} job"
     return units, (() if job.parallel.units else finer_units(model, units))

@@ -16,6 +16,8 @@ from typing import Any
 from graphmem import progress
 from graphmem.job.grammar import format_blocks
 from graphmem.job.job import Job
+from graphmem.job.option import spelling
+from graphmem.job.step_config import Checkpointing, ChosenBlocks, EveryBlock, Selective, save_in_of
 from graphmem.memory.results import without_graphs
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import footprint_of
@@ -49,24 +51,26 @@ class Choices:
         FSDP2 units that keep their parameters after forward (--fsdp-keep-units)."""
         job = self.job
         if keep_units:
-            assert job.parallel is not None, "job_of: units to keep under --parallel fsdp=N"
+            assert job.parallel is not None, f"job_of: units to keep under {spelling('parallel')} fsdp=N"
             job = replace(job, parallel=replace(job.parallel, keep_units=keep_units))
         blocks = [i for i, v in enumerate(choice) if v]
         if not blocks:
             return job
         own = dict(kept or {})
         selective = [i for i, v in enumerate(choice) if v == 2 and i not in own]
-        extra: dict[str, Any] = {"checkpoint_save_in": own} if own else {}
+        own_saves = save_in_of(own)
         alike = not own and len(set(choice)) == 1  # every block in one variant
         if alike or (not own and choice == tuple(1 - i % 2 for i in range(len(choice)))):
             # said without block indices (every block, or every second from the first), the same
             # step is recorded with the model's repeated blocks recorded once (graphmem.trace.repeat)
-            save = {"checkpoint_save": list(self.save)} if choice[0] == 2 else {}
-            return job.updated(checkpoint=[self.cls], checkpoint_every=1 if alike else 2, **save)
-        if not selective:
-            return job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, **extra)
-        return job.updated(checkpoint=[self.cls], checkpoint_blocks=blocks, checkpoint_save=list(self.save),
-                           checkpoint_save_blocks=selective, **extra)
+            every = 1 if alike else 2
+            chosen: Checkpointing = (Selective((self.cls,), every, self.save) if choice[0] == 2
+                                     else EveryBlock((self.cls,), every))
+        elif not selective:
+            chosen = ChosenBlocks((self.cls,), tuple(blocks), save_in=own_saves)
+        else:
+            chosen = ChosenBlocks((self.cls,), tuple(blocks), self.save, tuple(selective), own_saves)
+        return replace(job, step=replace(job.step, checkpoint=chosen))
 
     def names_of(self, choice: Sequence[int], block: int) -> tuple[str, ...]:
         """The outputs ``block`` keeps in ``choice`` (the ``save`` names where selective)."""

@@ -13,6 +13,7 @@ import torch
 
 from graphmem._torch_api import op_schema, tree_flatten, tree_map, unset_fake_temporarily
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.trace.rules.registry import RuleTable, metas, output_shapes
 
 __all__ = ["DtypeChecks", "fixed_outputs", "fresh_outputs"]
@@ -99,4 +100,5 @@ class DtypeChecks:
         if message:
             where = f"module {module}" if module else "the model"
             raise UserInputError(f"{where} runs {op.split('.')[1] if '.' in op else op} on inputs whose dtypes "
-                                 f"PyTorch refuses: {message}; check the dtypes of --input (and --dtype)")
+                                 f"PyTorch refuses: {message}; check the dtypes of {spelling('inputs')} (and "
+                                 f"{spelling('dtype')})")

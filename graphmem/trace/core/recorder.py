@@ -86,6 +86,7 @@ class Recorder(TorchDispatchMode):
         self._reads = contextlib.ExitStack() if (where is not None if python_reads is None else python_reads) else None
         self._entered = 0
         self.phase, self.iteration = Phase.FORWARD, 0
+        self.loss: str | None = None  # training: which loss the step took (graphmem.trace.step.optim.loss_taken)
         self.pending: tuple[str, str] = ("", "")  # the op being recorded and its module, for errors
         self.silent = False  # ops run now are graphmem's own (or after a program's last step): not recorded
         self.where = where

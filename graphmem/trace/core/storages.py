@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from graphmem._torch_api import StorageWeakRef, expr_of, hint_of, local_tensor, storage_expired, storage_key
+from graphmem.job.option import spelling
 from graphmem.records import OpRecord, Role, StorageRecord
 from graphmem.trace.values.sparse import is_sparse, parts
 
@@ -198,7 +199,8 @@ class StorageBooks:
         only when C++ asked for it (an explicit device); torch.zeros(n) alone is the host's.
         An output that is an input's storage keeps its place.  Returns whether the op ran on
         the GPU."""
-        assert self.on_gpu is not None, "StorageBooks.place: only where storages are placed (graphmem run --gpu)"
+        assert self.on_gpu is not None, \
+            f"StorageBooks.place: only where storages are placed (graphmem run {spelling('gpu')})"
         on_gpu = self.on_gpu
         kind = torch.device(device).type if isinstance(device, (torch.device, str)) else None
         if kind == "cuda":

@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from graphmem._torch_api import sdp_priority_order
 from graphmem.cuda.gpus import GPU
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.patching import patched
 
 __all__ = ["CudaKernels", "select_sdpa_backend"]
@@ -76,9 +77,9 @@ def select_sdpa_backend(dtype: torch.dtype, head_dim: int, has_mask: bool, gpu: 
               "math": True}
     if requested != "auto":
         if not usable[requested]:
-            raise UserInputError(f"--sdpa {requested} cannot run {str(dtype).removeprefix('torch.')} "
+            raise UserInputError(f"{spelling('sdpa')} {requested} cannot run {str(dtype).removeprefix('torch.')} "
                                  f"attention with head dim {head_dim}{' and a mask' if has_mask else ''} "
-                                 f"on {gpu.name}; use --sdpa auto")
+                                 f"on {gpu.name}; use {spelling('sdpa')} auto")
         return requested
     allowed = _allowed_now()
     for number in sdp_priority_order():

@@ -25,6 +25,7 @@ from torch import nn
 
 from graphmem._torch_api import TorchDispatchMode
 from graphmem.errors import GraphmemError, UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.patching import patched
 from graphmem.trace.distributed.user_code import _import_function
@@ -110,7 +111,8 @@ def _users_own(model: nn.Module, spec: ParallelSpec, mesh: Any, fake_mode: Any,
     except GraphmemError:
         raise
     except Exception as exc:  # broad: the user's function may raise anything; reported as theirs
-        raise UserInputError(f"your --parallelize function {getattr(fn, '__qualname__', fn)} failed on the fake "
+        raise UserInputError(f"your {spelling('parallelize')} function {getattr(fn, '__qualname__', fn)} failed on "
+                             "the fake "
                              f"model: {type(exc).__name__}: {exc}") from exc
     wrapped = result if isinstance(result, nn.Module) else model
     if isinstance(wrapped, ddp_module.DistributedDataParallel):

@@ -33,6 +33,7 @@ from graphmem._torch_api import (
     storage_key,
 )
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.spec import parse_dtype
 from graphmem.patching import patched
@@ -49,7 +50,7 @@ def fsdp_units(model: nn.Module, spec: ParallelSpec) -> tuple[str, ...]:
     if spec.units:
         missing = sorted(set(spec.units) - present)
         if missing:
-            raise UserInputError(f"--fsdp-units: no module of class {', '.join(missing)} in the model; "
+            raise UserInputError(f"{spelling('fsdp_units')}: no module of class {', '.join(missing)} in the model; "
                                  f"its classes are: {', '.join(sorted(present))}")
         return spec.units
     declared = tuple(name for name in getattr(model, "_no_split_modules", None) or () if name in present)
@@ -121,7 +122,8 @@ def _fully_shard(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
     modules = [m for m in model.modules() if type(m).__name__ in units and m is not model]
     past = [i for i in spec.keep_units if i >= len(modules)]
     if past:
-        raise UserInputError(f"--fsdp-keep-units: no unit {', '.join(map(str, past))}; the model has {len(modules)} "
+        raise UserInputError(f"{spelling('fsdp_keep_units')}: no unit {', '.join(map(str, past))}; the model has "
+                             f"{len(modules)} "
                              f"FSDP2 units ({', '.join(units)}: 0 to {len(modules) - 1})")
     for index, module in enumerate(modules):
         fully_shard(module, **{**kwargs, **({"reshard_after_forward": False} if index in spec.keep_units else {})})

@@ -27,6 +27,7 @@ from graphmem._torch_api import (
     stage_user_meta,
 )
 from graphmem.errors import UnsupportedError, UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.patching import patched
 from graphmem.trace.distributed.fsdp import fsdp_units
@@ -38,7 +39,8 @@ __all__ = ["PipelineStageModule", "pipeline_schedule", "pipeline_split", "pipeli
 def pipeline_split(n_blocks: int, stages: int) -> list[range]:
     """The blocks of each stage: contiguous, as even as possible, the first stages one more."""
     if n_blocks < stages:
-        raise UserInputError(f"--parallel pp={stages}: the model has {n_blocks} repeated blocks, fewer than "
+        raise UserInputError(f"{spelling('parallel')} pp={stages}: the model has {n_blocks} repeated blocks, fewer "
+                             "than "
                              "the stages; use at most that many stages")
     sizes = [n_blocks // stages + (1 if k < n_blocks % stages else 0) for k in range(stages)]
     starts = [sum(sizes[:k]) for k in range(stages)]
@@ -184,8 +186,9 @@ def _stage_blocks(model: nn.Module, spec: ParallelSpec) -> list[nn.Module]:
         if type(m).__name__ in units and m is not model and not any(m in set(b.modules()) for b in blocks):
             blocks.append(m)
     if not blocks:
-        raise UserInputError(f"--parallel pp: {type(model).__name__} has no repeated blocks to cut into stages; "
-                             "name their class with --fsdp-units")
+        raise UserInputError(f"{spelling('parallel')} pp: {type(model).__name__} has no repeated blocks to cut into "
+                             "stages; "
+                             f"name their class with {spelling('fsdp_units')}")
     return blocks
 
 
@@ -193,7 +196,8 @@ def _check_chain(model: nn.Module, n_blocks: int, probe: _Probe) -> None:
     """Refuse a forward a stage cannot run on its own: one that does not call each block once,
     or is no chain (each block, then each module after the last, taking only the previous output)."""
     if len(probe.outputs) != n_blocks:
-        raise UnsupportedError(f"--parallel pp: the forward of {type(model).__name__} does not call each of its "
+        raise UnsupportedError(f"{spelling('parallel')} pp: the forward of {type(model).__name__} does not call each "
+                               "of its "
                                f"{n_blocks} blocks once")
     ordered = [probe.block_inputs[i] for i in range(n_blocks)]
     after_calls = [((a, kw), out) for _, a, kw, out in probe.after]
@@ -201,7 +205,8 @@ def _check_chain(model: nn.Module, n_blocks: int, probe: _Probe) -> None:
             not _is_chain(after_calls, probe.outputs[n_blocks - 1]) or \
             (after_calls and probe.output is not after_calls[-1][1]) or \
             (not after_calls and probe.output is not probe.outputs[n_blocks - 1]):
-        raise UnsupportedError(f"--parallel pp: {type(model).__name__} is not a chain after its first block (each "
+        raise UnsupportedError(f"{spelling('parallel')} pp: {type(model).__name__} is not a chain after its first "
+                               "block (each "
                                "block, then each module after the last, taking only the previous output); "
                                "graphmem cannot run one of its stages on its own")
 
@@ -243,7 +248,7 @@ def _example_shapes(probe: _Probe, microbatch_args: list[Any], mine: range, fake
         example_in = (like(probe.outputs[mine[0] - 1], False),)
     out = probe.output if last else probe.outputs[mine[-1]]
     if not isinstance(out, torch.Tensor):
-        raise UnsupportedError("--parallel pp: a stage's output must be one tensor")
+        raise UnsupportedError(f"{spelling('parallel')} pp: a stage's output must be one tensor")
     return example_in, (like(out, not last),)
 
 
@@ -253,7 +258,8 @@ def _first_microbatch(args: list[Any], kwargs: dict[str, Any], n: int) -> tuple[
         if not isinstance(t, torch.Tensor):
             return t
         if t.shape[0] % n:
-            raise UserInputError(f"--microbatches {n}: the batch ({t.shape[0]}, dim 0 of the inputs) must be a "
+            raise UserInputError(f"{spelling('microbatches')} {n}: the batch ({t.shape[0]}, dim 0 of the inputs) "
+                                 "must be a "
                                  "multiple of the microbatches")
         return t[: t.shape[0] // n]
     return [chunk(a) for a in args], {k: chunk(v) for k, v in kwargs.items()}
@@ -282,7 +288,7 @@ def pipeline_warmup_known() -> Iterator[None]:
     def warmup(self: Any, stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
         for stage in stages:
             if InferenceMode.needs_dynamic(stage_user_meta(stage), has_backward):
-                raise UnsupportedError("--parallel pp: a stage needs shape inference at run time")
+                raise UnsupportedError(f"{spelling('parallel')} pp: a stage needs shape inference at run time")
             set_stage_inference_mode(stage, InferenceMode.STATIC)
 
     with patched(*((cls, "_warmup_p2p", warmup) for cls in pipeline_warmup_owners())):

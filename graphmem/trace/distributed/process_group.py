@@ -36,6 +36,7 @@ from graphmem._torch_api import (
     tree_flatten,
 )
 from graphmem.errors import UnsupportedError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.trace.distributed.ddp import _ddp, _users_own
 from graphmem.trace.distributed.fsdp import _fully_shard, _initialise_fsdp
@@ -50,11 +51,11 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
     import torch.distributed as dist
 
     if not dist.is_available():
-        raise UnsupportedError("this torch build has no torch.distributed; --parallel needs it")
+        raise UnsupportedError(f"this torch build has no torch.distributed; {spelling('parallel')} needs it")
     store = fake_process_group_store()  # importing it registers the "fake" backend
     if dist.is_initialized():
         raise UnsupportedError("a torch.distributed process group is already initialised in this process; "
-                               "--parallel runs its own fake one")
+                               f"{spelling('parallel')} runs its own fake one")
     dist.init_process_group("fake", store=store, rank=rank, world_size=world_size)
     try:
         yield

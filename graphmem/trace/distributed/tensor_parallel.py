@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.trace.distributed.user_code import _import_function
 
@@ -24,16 +25,17 @@ def tp_plan(model: nn.Module, spec: ParallelSpec) -> tuple[nn.Module, dict[str, 
     """The module the tensor-parallel plan applies to, and the plan (module name -> style)."""
     plan = spec.tp_plan
     if isinstance(plan, str):
-        plan = _import_function(plan, "--tp-plan", "PLAN")
+        plan = _import_function(plan, f"{spelling('tp_plan')}", "PLAN")
         if not isinstance(plan, Mapping):
-            raise UserInputError(f"--tp-plan {spec.tp_plan!r} is not a dict of module name -> style")
+            raise UserInputError(f"{spelling('tp_plan')} {spec.tp_plan!r} is not a dict of module name -> style")
     if plan is not None:
         return model, dict(plan)
     config = getattr(model, "config", None)
     declared = getattr(config, "base_model_tp_plan", None)
     if not declared:
-        raise UserInputError(f"--parallel tp: {type(model).__name__} has no tensor-parallel plan (no "
-                             "base_model_tp_plan in its config); give one with --tp-plan file.py:PLAN, a dict "
+        raise UserInputError(f"{spelling('parallel')} tp: {type(model).__name__} has no tensor-parallel plan (no "
+                             f"base_model_tp_plan in its config); give one with {spelling('tp_plan')} file.py:PLAN, "
+                             "a dict "
                              "such as {'fc1': 'colwise', 'fc2': 'rowwise'}")
     return getattr(model, "base_model", model), dict(declared)
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 
 
-def _import_function(text: str, option: str = "--parallelize", what: str = "function") -> Any:
+def _import_function(text: str, option: str = f"{spelling('parallelize')}", what: str = "function") -> Any:
     """``pkg.module:NAME`` or ``path/file.py:NAME`` -> the object; a function for --parallelize."""
     module_name, _, attr = text.rpartition(":")
     try:

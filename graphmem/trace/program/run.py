@@ -76,14 +76,6 @@ __all__ = ["ProgramTrace", "Spoiled", "trace_program"]
 
 _NOWHERE = "\x00"  # a module path no module has
 
-# graphmem run's own options, named in the error when a program that refused its argv got one
-_RUN_OPTIONS = frozenset({"--steps", "--allow-network", "--write-through", "--device", "--format", "--units",
-                          "--output", "-o", "--debug", "--timeout",
-                          "--progress", "--no-progress", "--depth", "--top", "--timeline", "--snapshot", "--html",
-                          "--gpu", "--sdpa", "--alloc-conf", "--budget", "--margin", "--nproc-per-node", "--nnodes",
-                          "--ranks"})
-
-
 @dataclass(frozen=True)
 class ProgramTrace:
     """The recording of a program, and how its run went."""
@@ -279,7 +271,7 @@ def _run(program: Program, ending: Ending, books: Books, cuts: Cuts, exchange: E
 
 
 def _options_hint(program: Program) -> str:
-    ours = [a for a in program.argv if a.split("=")[0] in _RUN_OPTIONS]
+    ours = [a for a in program.argv if a.split("=")[0] in program.own_options]
     return (f"; {', '.join(ours)} went to the program: graphmem's own options go before the script "
             "(everything after it is the program's argv)" if ours else
             ". graphmem run records a training program up to --steps optimizer steps")

@@ -34,10 +34,10 @@ def record_step(model: nn.Module, recording: Recording, *, cuda: CudaKernels | N
         stack = find_stack(model)
     step = recording.step
     # checkpointing every k-th block makes k blocks the unit that repeats
-    period = step.checkpoint_every if step.checkpoint and recording.mode == "train" else 1
+    period = step.checkpoint.every if step.checkpoint and recording.mode == "train" else 1
     # blocks chosen one by one (--checkpoint-blocks) repeat by no period: the cut model would
     # checkpoint its own first blocks by those indices, not the whole model's
-    chosen = bool(step.checkpoint_blocks) and recording.mode == "train"
+    chosen = step.checkpoint is not None and bool(step.checkpoint.blocks) and recording.mode == "train"
     if stack is None or chosen or stack.length % period or stack.length <= KEEP * period:
         return trace_step(model, recording, cuda=cuda)
     progress.show(f"recording {KEEP * period} of the {stack.length} alike blocks of {stack.path or 'the model'}")

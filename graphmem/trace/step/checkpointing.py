@@ -13,7 +13,9 @@ import torch.utils.checkpoint
 from torch import nn
 
 from graphmem.errors import UserInputError
+from graphmem.job.option import flag
 from graphmem.job.step import StepConfig, split_save
+from graphmem.job.step_config import Checkpointing, ChosenBlocks, EveryBlock, Selective
 from graphmem.trace.core.recorder import Recorder
 from graphmem.trace.step.optim import selective_policy
 
@@ -22,24 +24,24 @@ __all__ = ["checkpointed"]
 
 @contextlib.contextmanager
 def checkpointed(model: nn.Module, step: StepConfig, recorder: Recorder) -> Iterator[None]:
-    """Run every ``step.checkpoint_every``-th module of the named classes (or those
-    ``step.checkpoint_blocks`` names) under non-reentrant torch.utils.checkpoint; with
-    ``step.checkpoint_save``, selectively (op outputs kept; only in ``step.checkpoint_save_blocks``
-    where it names some)."""
-    if not step.checkpoint:
+    """Run every ``every``-th module of the checkpoint's classes (or those its ``blocks`` name)
+    under non-reentrant torch.utils.checkpoint; with ``save``, selectively (op outputs kept; only
+    in ``save_blocks`` where it names some)."""
+    chosen = step.checkpoint
+    if chosen is None:
         yield
         return
     paths = {id(m): name for name, m in model.named_modules()}
-    modules = _modules_of(model, step.checkpoint)
-    targets = _chosen(modules, step)
+    modules = _modules_of(model, chosen.classes)
+    targets = _chosen(modules, chosen)
     index_of = {id(m): i for i, m in enumerate(modules)}
-    own = dict(step.checkpoint_save_in)
-    # with --checkpoint-save-blocks, only those blocks are selective; the others are checkpointed whole
-    selective = step.checkpoint_save_blocks
+    own = dict(chosen.save_in)
+    # with save_blocks, only those blocks are selective; the others are checkpointed whole
+    selective = chosen.save_blocks
     counted: list[tuple[nn.Module, Any]] = []  # submodules whose forwards are counted, and what they had
     for module in targets:
         index = index_of[id(module)]
-        save = own.get(index, () if selective and index not in selective else step.checkpoint_save)
+        save = own.get(index, () if selective and index not in selective else chosen.save)
         context = _context(module, index, save, counted) if save else None
         module.forward = functools.partial(_checkpoint_call, module.forward, paths.get(id(module), ""), recorder,
                                            context)
@@ -79,7 +81,7 @@ def _context(block: nn.Module, index: int, save: tuple[str, ...], counted: list[
             submodule = block.get_submodule(path)
         except AttributeError:
             names = ", ".join(name for name, _ in block.named_modules() if name) or "none"
-            raise UserInputError(f"--checkpoint-save: block {index} ({type(block).__name__}) has no submodule "
+            raise UserInputError(f"{flag(Selective, 'save')}: block {index} ({type(block).__name__}) has no submodule "
                                  f"{path!r}; its submodules: {names}") from None
         inside[path] = [0]
         counted.append((submodule, submodule.__dict__.get("forward")))
@@ -109,24 +111,24 @@ def _modules_of(model: nn.Module, class_names: tuple[str, ...]) -> list[nn.Modul
     missing = set(class_names) - {name for m in found for name in names(m)}
     if missing:
         available = sorted({type(m).__name__ for m in model.modules()})
-        raise UserInputError(f"--checkpoint: no module of class {', '.join(sorted(missing))} in the "
+        raise UserInputError(f"{flag(EveryBlock, 'classes')}: no module of class {', '.join(sorted(missing))} in the "
                              f"model; its classes are: {', '.join(available)}")
     return found
 
 
-def _chosen(modules: list[nn.Module], step: StepConfig) -> list[nn.Module]:
-    """Every ``checkpoint_every``-th of ``modules``, or those ``checkpoint_blocks`` names.
+def _chosen(modules: list[nn.Module], chosen: Checkpointing) -> list[nn.Module]:
+    """Every ``every``-th of ``modules``, or those ``blocks`` names.
 
     Raises:
         UserInputError: a block index past the modules of the named classes.
     """
-    if not step.checkpoint_blocks:
-        return modules[::step.checkpoint_every]
-    past = [b for b in step.checkpoint_blocks if b >= len(modules)]
+    if not chosen.blocks:
+        return modules[::chosen.every]
+    past = [b for b in chosen.blocks if b >= len(modules)]
     if past:
-        raise UserInputError(f"--checkpoint-blocks: no block {', '.join(map(str, past))}; the model has "
-                             f"{len(modules)} modules of class {', '.join(step.checkpoint)} (0 to {len(modules) - 1})")
-    return [modules[b] for b in sorted(step.checkpoint_blocks)]
+        raise UserInputError(f"{flag(ChosenBlocks, 'blocks')}: no block {', '.join(map(str, past))}; the model has "
+                             f"{len(modules)} modules of class {', '.join(chosen.classes)} (0 to {len(modules) - 1})")
+    return [modules[b] for b in sorted(chosen.blocks)]
 
 
 def _checkpoint_call(forward: Any, path: str, recorder: Recorder, context: Callable[[], Any] | None,

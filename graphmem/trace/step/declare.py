@@ -16,6 +16,7 @@ from torch import nn
 
 from graphmem._torch_api import to_fake
 from graphmem.job.assume import Assumptions
+from graphmem.job.option import spelling
 from graphmem.job.spec import InputSpec
 from graphmem.records import Role
 from graphmem.trace.core.recorder import Recorder
@@ -85,5 +86,5 @@ def declare_targets(recorder: Recorder, model: nn.Module, args: list[Any], kwarg
     parts = ", ".join(k for k in real[0] if k not in ("boxes", "labels"))
     recorder.assumptions.append(
         f"training: no targets were given, so each image gets {boxes} ground-truth boxes (half the image's "
-        f"width and height each, on a grid, class 1{', with ' + parts if parts else ''}); --assume boxes=N "
+        f"width and height each, on a grid, class 1{', with ' + parts if parts else ''}); {spelling('assume')} boxes=N "
         "changes how many")

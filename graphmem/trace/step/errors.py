@@ -16,6 +16,7 @@ from torch import nn
 
 from graphmem._torch_api import DATA_DEPENDENT_ERRORS, UnsupportedOperatorException
 from graphmem.errors import GraphmemError, TraceError, UnsupportedError, UserInputError
+from graphmem.job.option import spelling
 from graphmem.records import Phase, Role
 from graphmem.trace.core.recorder import Recorder
 
@@ -37,7 +38,7 @@ def errors_explained(recorder: Recorder, model: nn.Module) -> Iterator[None]:
         raise TraceError(f"{_where(recorder, model)} reads a tensor's value: data-dependent control "
                          "flow such as `if x.sum() > 0`, .item(), or an output shape that depends on "
                          "values; graphmem runs on fake tensors that hold no values. Make that code "
-                         "depend on shapes only, or declare what such a read gives with --assume reads=N "
+                         f"depend on shapes only, or declare what such a read gives with {spelling('assume')} reads=N "
                          "(e.g. a predicted length)") from exc
     except UnsupportedOperatorException as exc:
         raise UnsupportedError(f"{_where(recorder, model)} calls {exc}, an op with no meta/fake "
@@ -68,7 +69,7 @@ def _failed(recorder: Recorder, model: nn.Module, exc: BaseException) -> Graphme
               for s in recorder.books.storages if Role.INPUT in s.roles and s.dtype.startswith(("float", "bfloat"))]
     if "embedding" in recorder.pending[0] and "'indices'" in str(exc) and floats:
         return UserInputError(f"{message}; token ids are integers: write the input as {' or '.join(floats)}")
-    return UserInputError(f"{message}; check that --input shapes and dtypes fit the model")
+    return UserInputError(f"{message}; check that {spelling('inputs')} shapes and dtypes fit the model")
 
 
 def _where(recorder: Recorder, model: nn.Module) -> str:

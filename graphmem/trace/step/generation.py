@@ -1,4 +1,4 @@
-"""Inference with a KV cache: what ``model.generate`` holds (``--generate``, job.spec.GenerateSpec).
+"""Inference with a KV cache: what ``model.generate`` holds (``--generate``, job.generation.GenerateSpec).
 
 ``--generate P+N`` on a causal language model (a transformers ``*ForCausalLM``, or any
 model whose forward takes ``input_ids``, ``use_cache`` and returns its cache):
@@ -26,6 +26,7 @@ from torch import nn
 
 from graphmem._torch_api import storage_key, tree_flatten
 from graphmem.errors import UserInputError
+from graphmem.job.option import spelling
 from graphmem.records import Phase, Role
 from graphmem.trace.step.run import StepRun
 
@@ -37,7 +38,7 @@ def _cache_keyword(model: nn.Module) -> str:
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
-    raise UserInputError(f"{type(model).__name__}.forward takes no past_key_values: --generate needs a "
+    raise UserInputError(f"{type(model).__name__}.forward takes no past_key_values: {spelling('generate')} needs a "
                          "causal language model with a KV cache (e.g. transformers *ForCausalLM)")
 
 
@@ -55,7 +56,7 @@ def _cache_of(out: Any) -> Any:
     cache = next((getattr(out, n) for n in names if getattr(out, n, None) is not None), None)
     if cache is None:
         raise UserInputError(f"the model returned no KV cache ({type(out).__name__}.past_key_values is "
-                             "None); --generate needs a model that supports use_cache=True")
+                             f"None); {spelling('generate')} needs a model that supports use_cache=True")
     return cache
 
 

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 
 from graphmem._torch_api import tree_flatten
 from graphmem.errors import TraceError, UnsupportedError, UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.step import OPTIMIZER_IMPLS, StepConfig, resolve_optimizer, split_save
 from graphmem.trace.rules import ops
 
-__all__ = ["make_optimizer", "find_logits", "compute_loss", "make_targets", "selective_policy"]
+__all__ = ["make_optimizer", "find_logits", "compute_loss", "loss_taken", "make_targets", "selective_policy"]
 
 
 def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero: bool = False
@@ -26,8 +27,8 @@ def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero
     if config.optimizer == "none":
         return None
     if not params:
-        raise UserInputError("the model has no trainable parameters; use --mode inference "
-                             "or --optimizer none")
+        raise UserInputError(f"the model has no trainable parameters; use {spelling('mode')} inference "
+                             f"or {spelling('optimizer')} none")
     cls, kwargs = resolve_optimizer(config.optimizer)
     if cls is torch.optim.LBFGS:
         raise UnsupportedError("LBFGS cannot be recorded: its step re-evaluates the loss and branches "
@@ -36,7 +37,7 @@ def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero
     for key in OPTIMIZER_IMPLS[config.optimizer_impl]:
         if key not in accepted:
             raise UserInputError(f"{cls.__name__} has no {config.optimizer_impl} implementation; "
-                                 f"use --optimizer-impl auto or for-loop")
+                                 f"use {spelling('optimizer_impl')} auto or for-loop")
     kwargs.update(OPTIMIZER_IMPLS[config.optimizer_impl], **config.optimizer_kwargs)
     try:
         if zero:
@@ -46,7 +47,7 @@ def make_optimizer(config: StepConfig, params: list[torch.nn.Parameter], *, zero
         return cls(params, **kwargs)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise UserInputError(f"building {cls.__name__}(**{kwargs!r}) failed: {exc}; "
-                             "check --optimizer-kwargs") from exc
+                             f"check {spelling('optimizer_kwargs')}") from exc
 
 
 def find_logits(output: Any) -> torch.Tensor:
@@ -58,7 +59,7 @@ def find_logits(output: Any) -> torch.Tensor:
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
             return leaf
     raise TraceError(f"the model's output ({type(output).__name__}) holds no floating-point "
-                     "tensor to compute a loss from; return the logits or pass --mode inference")
+                     f"tensor to compute a loss from; return the logits or pass {spelling('mode')} inference")
 
 
 def _losses(output: Any) -> bool:
@@ -70,6 +71,17 @@ def _losses(output: Any) -> bool:
 def make_targets(logits: torch.Tensor) -> torch.Tensor:
     """Class-index targets for cross_entropy / nll: int64 zeros shaped like logits[..., 0]."""
     return torch.zeros(logits.shape[:-1], dtype=torch.int64, device=logits.device)
+
+
+def loss_taken(kind: str, output: Any) -> str:
+    """Which loss ``compute_loss(kind, output, ...)`` takes: ``kind`` itself, or for ``auto``
+    ``output.loss`` (the model's own), ``losses`` (the sum of a dict of losses) or ``output``
+    (the sum of its output): what the report names."""
+    if kind != "auto":
+        return kind
+    if isinstance(getattr(output, "loss", None), torch.Tensor):
+        return "output.loss"
+    return "losses" if _losses(output) else "output"
 
 
 def compute_loss(kind: str, output: Any, targets: torch.Tensor | None) -> torch.Tensor:
@@ -99,7 +111,7 @@ def _packets(names: Sequence[str]) -> frozenset[Any]:
     for name in names:
         packet = getattr(torch.ops.aten, name.removeprefix("aten."), None)
         if packet is None:
-            raise UserInputError(f"--checkpoint-save: no op {name!r} in this torch")
+            raise UserInputError(f"{spelling('checkpoint_save')}: no op {name!r} in this torch")
         found.add(packet)
     return frozenset(found)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from graphmem._torch_api import schedule_stage
 from graphmem.errors import UnsupportedError, UserInputError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.step import StepConfig
 from graphmem.records import Phase, Role
@@ -36,12 +37,13 @@ def check_pipeline(mode: str, step: StepConfig) -> None:
         UserInputError / UnsupportedError: another mode, gradient accumulation, or autocast.
     """
     if mode != "train":
-        raise UserInputError(f"--parallel pp models the training step only, not --mode {mode}; use --mode train")
+        raise UserInputError(f"{spelling('parallel')} pp models the training step only, not {spelling('mode')} "
+                             f"{mode}; use {spelling('mode')} train")
     if step.grad_accum != 1:
-        raise UserInputError("--parallel pp: the pipeline's microbatches are its gradient accumulation; "
-                             "use --microbatches instead of --grad-accum")
+        raise UserInputError(f"{spelling('parallel')} pp: the pipeline's microbatches are its gradient accumulation; "
+                             f"use {spelling('microbatches')} instead of {spelling('grad_accum')}")
     if step.amp is not None:
-        raise UnsupportedError("--parallel pp with --amp is not modelled yet")
+        raise UnsupportedError(f"{spelling('parallel')} pp with {spelling('amp')} is not modelled yet")
     # imported before recording, as a trainer imports it: the import makes a 4-byte module
     # constant (the losses' sum reducer) that is no part of the step
     importlib.import_module("torch.distributed.pipelining")

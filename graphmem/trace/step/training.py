@@ -18,13 +18,14 @@ import torch
 
 from graphmem._torch_api import backward_keeping_modes
 from graphmem.errors import TraceError
+from graphmem.job.option import spelling
 from graphmem.job.parallel import ParallelSpec
 from graphmem.job.step import StepConfig
 from graphmem.patching import patched
 from graphmem.records import Phase, Role
 from graphmem.trace.distributed import RankFork, zero_partition
 from graphmem.trace.step.checkpointing import checkpointed
-from graphmem.trace.step.optim import compute_loss, find_logits, make_optimizer, make_targets
+from graphmem.trace.step.optim import compute_loss, find_logits, loss_taken, make_optimizer, make_targets
 from graphmem.trace.step.replica import optimizer_scalar_reads
 from graphmem.trace.step.run import StepRun, mark_output, saving
 
@@ -75,11 +76,13 @@ def _micro_step(loop: Loop) -> tuple[Any, torch.Tensor]:
             loop.targets.append(make_targets(find_logits(out)))
             recorder.mark(loop.targets[0], Role.INPUT, "targets")
         loss = compute_loss(step.loss, out, loop.targets[0] if loop.targets else None)
+        recorder.loss = recorder.loss or loss_taken(step.loss, out)
     if step.grad_accum > 1:
         loss = loss / step.grad_accum
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
         raise TraceError("the loss is not a scalar that requires grad; does the model have "
-                         "trainable parameters on its output path? try --loss or --mode inference")
+                         f"trainable parameters on its output path? try {spelling('loss')} or {spelling('mode')} "
+                         "inference")
     mark_output(recorder, (out, loss))
     recorder.phase = Phase.BACKWARD
     backward_keeping_modes(loop.scaler.scale(loss) if loop.scaler else loss)

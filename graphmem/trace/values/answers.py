@@ -35,6 +35,7 @@ from graphmem._torch_api import (
 )
 from graphmem.errors import TraceError
 from graphmem.job.assume import KNOBS, Assumptions
+from graphmem.job.option import spelling
 from graphmem.trace.rules import ops
 from graphmem.trace.rules.registry import ArgMeta, RuleTable, metas, output_bounds
 from graphmem.trace.values.counts import NonzeroCounts
@@ -302,17 +303,18 @@ class ValueAnswers:
     def _bound_note(self, op: str, module: str, count: int, most: int) -> str:
         if op in _INT8_OUTLIER_OPS and self.kept is None:  # one note for every int8 layer
             return (f"upper bound (int8 base): {_INT8_OUTLIERS}recorded with every column an outlier, the most "
-                    "there can be (declare a fraction with --assume nonzero=0.5)")
+                    f"there can be (declare a fraction with {spelling('assume')} nonzero=0.5)")
         if op in _INT8_OUTLIER_OPS:
             return (f"int8 base: {_INT8_OUTLIERS}recorded with {self.kept:g} of the columns outliers, as declared "
-                    f"with --assume nonzero={self.kept:g}")
+                    f"with {spelling('assume')} nonzero={self.kept:g}")
         name = _BOUNDED_NAMES.get(op, op)
         where = f"{name} in {module}" if module else name
         if self.kept is None:  # (graphmem run, with read_note, has no --assume)
-            return (f"upper bound: {where} depends on values; recorded keeping {count:,} elements, the most "
-                    f"it can{'' if self.read_note else ' (declare a fraction with --assume nonzero=0.5)'}")
+            declare = "" if self.read_note else f" (declare a fraction with {spelling('assume')} nonzero=0.5)"
+            return (f"upper bound: {where} depends on values; recorded keeping {count:,} elements, the most it "
+                    f"can{declare}")
         return (f"{where} depends on values; recorded keeping {count:,} of {most:,} elements, "
-                f"as declared with --assume nonzero={self.kept:g}")
+                f"as declared with {spelling('assume')} nonzero={self.kept:g}")
 
     def unseen_note(self) -> list[str]:
         """The note on sizes recorded at their bound because the values they depend on were
@@ -322,7 +324,7 @@ class ValueAnswers:
         ops, names = sorted(set().union(*self.unseen.values())), ", ".join(sorted(self.unseen))
         return [f"upper bound: the sizes of {' and '.join(ops)} depend on values of {names} that graphmem did not "
                 "see (an integer input nobody gave is filled with zeros, which would have made them smaller): they "
-                "were recorded at the most they can be; give the real values with --sample FILE"]
+                f"were recorded at the most they can be; give the real values with {spelling('sample')} FILE"]
 
     def declared_notes(self) -> list[str]:
         """The report's notes on ``--assume reads=N``: each line of the model's code it answered.
@@ -331,7 +333,8 @@ class ValueAnswers:
         if self.read_note:
             return [f"{self.read_note}: {what}{f' ({len(modules)} places)' if len(modules) > 1 else ''}"
                     for what, modules in self.declared.items()] + self.notes
-        return [f"a value the model computes and reads was taken as declared with --assume reads={self.read_value}: "
+        return [f"a value the model computes and reads was taken as declared with {spelling('assume')} "
+                f"reads={self.read_value}: "
                 f"{what}{f' (in {len(modules)} modules)' if len(modules) > 1 else ''}; the peak holds for that value"
                 for what, modules in self.declared.items()]
 

@@ -38,6 +38,7 @@ from graphmem._torch_api import (
     tree_map,
     unset_fake_temporarily,
 )
+from graphmem.job.option import spelling
 from graphmem.job.spec import BELOW, ROUTINGS
 from graphmem.job.values import UNINITIALISED
 from graphmem.trace.rules import ops
@@ -323,10 +324,11 @@ def _routed(routing: str) -> str:
 _ROUTING_NOTES = {
     "uneven": "the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router picks its "
               "experts): taken as uneven as can be, every expert picked once and the first ones taking all the rest; "
-              "a real run routes by its values, so its peak differs a little (--assume routing=balanced spreads them "
+              f"a real run routes by its values, so its peak differs a little ({spelling('assume')} routing=balanced "
+              "spreads them "
               "evenly)",
     "balanced": "the model chooses from values graphmem does not have (torch.topk or argmax, as an MoE router picks "
-                "experts): taken spread evenly, as declared with --assume routing=balanced",
+                f"experts): taken spread evenly, as declared with {spelling('assume')} routing=balanced",
 }
 
 
@@ -356,11 +358,11 @@ def describe(used: set[str], declared: Mapping[str, str]) -> list[str]:
                      "anchors, say) where the mask depends on values; taken as the most they can be")
     notes += [_ROUTING_NOTES[routing] for routing in ROUTINGS if _routed(routing) in used]
     if SAMPLE in used:
-        notes.append("the values the model reads from its inputs are the sample's (--sample)")
+        notes.append(f"the values the model reads from its inputs are the sample's ({spelling('sample')})")
     named = {RANDOM_DRAW, FINITE, BUILT, TARGETS, PREDICTED_BOXES, MASK_COUNT, SAMPLE, *map(_routed, ROUTINGS)}
     for item in sorted(used - named):
         name, _, kind = item.partition("=")
-        origin = "as declared with --assume" if name in declared else "by default"
+        origin = f"as declared with {spelling('assume')}" if name in declared else "by default"
         notes.append(f"input {name} assumed {words.get(kind, '= ' + kind)} {origin}, to answer a "
                      "value the model reads")
     return notes

@@ -42,8 +42,15 @@ def test_architecture_matches_compute_capability(name: str) -> None:
 
 def test_get_gpu_accepts_names_case_and_aliases() -> None:
     assert get_gpu("H100_80GB") is GPUS["h100-80gb"]
-    assert get_gpu("h100") is GPUS["h100-80gb"]
+    assert get_gpu("h100-sxm") is GPUS["h100-80gb"]
     assert get_gpu(" a10g ") is GPUS["a10g"]
+
+
+@pytest.mark.parametrize("name", ["a100", "H100", "v100"])
+def test_a_model_sold_with_several_memory_sizes_is_refused_with_them(name: str) -> None:
+    """``a100`` once meant a100-80gb: an A100-40GB owner got twice the budget."""
+    with pytest.raises(UserInputError, match=rf"several memory sizes: give one of {name.lower()}-"):
+        get_gpu(name)
 
 
 def test_get_gpu_lists_valid_names() -> None:

@@ -13,6 +13,7 @@ import graphmem
 from graphmem.cli import main
 from graphmem.errors import UserInputError
 from graphmem.job.finetune import LoraSpec, parse_freeze, parse_lora, parse_quantize_base
+from graphmem.job.job import edited
 from tests.conftest import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"  # layers.0: Linear(1000, 500), layers.2: Linear(500, 100)
@@ -112,8 +113,8 @@ def test_a_lora_target_that_matches_nothing_names_the_modules() -> None:
 
 
 def test_updated_takes_freeze_and_lora_texts() -> None:
-    job = graphmem.make_job(MLP, "4x1000").updated(freeze="layers.0.*,layers.2.bias")
-    assert job.freeze == ("layers.0.*", "layers.2.bias")
+    job = edited(graphmem.make_job(MLP, "4x1000"), freeze="layers.0.*,layers.2.bias")
+    assert job.finetune is not None and job.finetune.freeze == ("layers.0.*", "layers.2.bias")
 
 
 def test_the_report_says_what_trains() -> None:

@@ -14,6 +14,9 @@ from graphmem.cli import main
 from graphmem.cli.options import JOB_OPTION_NAMES
 from graphmem.errors import UserInputError
 from graphmem.job import Job, StepConfig, make_job
+from graphmem.job.job import edited
+from graphmem.job.sections import ModelSpec
+from graphmem.job.step_config import ChosenBlocks, EveryBlock, Selective
 from tests.conftest import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"
@@ -24,9 +27,9 @@ def test_keywords_build_the_job_the_fields_say() -> None:
     job = make_job(MLP, ["32x1000", graphmem.InputSpec((4,), torch.int64, "ids")], mode="train",
                    optimizer="sgd", amp="bf16", checkpoint="Block, Layer", grad_accum=2, dtype="bf16",
                    kwargs={"hidden": 3}, generate="8+4", batch=2, gpu="a100-80gb")
-    assert job.inputs == ("32x1000", "ids=4:int64")
-    assert job.step == StepConfig(optimizer="sgd", amp="bf16", checkpoint=("Block", "Layer"), grad_accum=2)
-    assert job.dtype is torch.bfloat16 and job.model_kwargs == {"hidden": 3}
+    assert job.inputs.specs == ("32x1000", "ids=4:int64")
+    assert job.step == StepConfig(optimizer="sgd", amp="bf16", checkpoint=EveryBlock(("Block", "Layer")), grad_accum=2)
+    assert job.model.dtype is torch.bfloat16 and job.model.kwargs == {"hidden": 3}
     assert (job.generate.prompt, job.generate.new, job.generate.batch) == (8, 4, 2)  # type: ignore[union-attr]
     assert job.device == "cuda", "a GPU alone means the CUDA target"
     assert make_job(MLP, "1x1000").device == "cpu"
@@ -37,20 +40,38 @@ def test_a_job_is_frozen_and_checked_whenever_it_is_built() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.mode = "train"  # type: ignore[misc]
     for bad in ({"mode": "everything"}, {"device": "tpu"}, {"sdpa": "fast"}, {"inputs": ("32xa",)},
-                {"step": StepConfig(loss="hinge")}, {"preset": "no-such-model"},
-                {"device": "cuda", "gpu": "no-such-gpu"}, {"device": "cuda", "alloc_conf": "bogus:1"}):
+                {"loss": "hinge"}, {"preset": "no-such-model"}, {"device": "cuda", "gpu": "no-such-gpu"},
+                {"device": "cuda", "alloc_conf": "bogus:1"}, {"checkpoint_every": 2}):
         with pytest.raises(UserInputError):
-            dataclasses.replace(job, **bad)
+            edited(job, **bad)
+    with pytest.raises(UserInputError):
+        dataclasses.replace(job, step=StepConfig(loss="hinge"))
     with pytest.raises(UserInputError, match="no input"):
-        Job(model=MLP)
+        Job(model=ModelSpec(MLP))
 
 
-def test_updated_takes_job_fields_and_keywords() -> None:
+def test_edited_takes_the_keywords() -> None:
     job = make_job(MLP, "32x1000", mode="train")
-    changed = job.updated(optimizer="sgd", checkpoint=["A"], kwargs={"x": 1}, inputs=["8x1000"], dtype="float16")
-    assert changed.step.optimizer == "sgd" and changed.step.checkpoint == ("A",)
-    assert changed.model_kwargs == {"x": 1} and changed.inputs == ("8x1000",) and changed.dtype is torch.float16
+    changed = edited(job, optimizer="sgd", checkpoint=["A"], kwargs={"x": 1}, inputs=["8x1000"], dtype="float16")
+    assert changed.step.optimizer == "sgd" and changed.step.checkpoint == EveryBlock(("A",))
+    assert changed.model.kwargs == {"x": 1} and changed.inputs.specs == ("8x1000",)
+    assert changed.model.dtype is torch.float16
+    assert edited(changed) == changed, "a job's keywords give the job back"
+    with pytest.raises(TypeError, match="nosuch"):
+        edited(job, nosuch=1)
     assert job.step.optimizer == "adam", "the original job is unchanged"
+
+
+def test_checkpointing_is_one_of_three_variants() -> None:
+    def chosen(**given: object) -> object:
+        return make_job(MLP, "32x1000", checkpoint="Block", **given).step.checkpoint
+
+    assert chosen() == EveryBlock(("Block",))
+    assert chosen(checkpoint_every=2, checkpoint_save="matmuls") == Selective(("Block",), 2, ("matmuls",))
+    assert chosen(checkpoint_blocks="0-1", checkpoint_save_in="1=matmuls") == ChosenBlocks(
+        ("Block",), (0, 1), save_in=((1, ("matmuls",)),))
+    with pytest.raises(UserInputError, match="--checkpoint-blocks names the blocks"):
+        chosen(checkpoint_blocks="0", checkpoint_every=2)
 
 
 def test_analyze_takes_a_job_or_the_same_keywords() -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from graphmem.errors import UserInputError
-from graphmem.job.spec import InputSpec, parse_assumption, parse_dtype, parse_generate, parse_input_spec, parse_sweep
+from graphmem.job.generation import parse_generate
+from graphmem.job.spec import InputSpec, parse_assumption, parse_dtype, parse_input_spec, parse_sweep
 
 
 @pytest.mark.parametrize("text, expected", [

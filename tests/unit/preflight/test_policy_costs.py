@@ -38,7 +38,7 @@ def test_flops_on_the_cpu_target() -> None:
 
 
 def test_a_roofline_time_on_an_h100() -> None:
-    model = cost_model("cuda", "h100")
+    model = cost_model("cuda", "h100-80gb")
     assert model.roofline == _H100 and model.unit == "ns"
     matmul = max(2 * 1024 * 2048 * 2048 / (989.4e12), (14 << 20) / 3350e9)  # compute-bound: 8.7 us
     gelu = (32 << 20) / 3350e9  # no FLOPs, 16 MiB read and 16 MiB written

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 import graphmem
 from graphmem.cli import main
 from graphmem.job import make_job
+from graphmem.job.job import edited
 from graphmem.preflight import check, parse_budget, resolve_budget, search_largest
 from tests.conftest import ROOT
 
@@ -29,7 +30,7 @@ def test_max_seq_stops_at_the_position_table() -> None:
 
 def test_max_seq_is_the_budgets_answer_below_the_limit() -> None:
     job = make_job(GPT, "1xS:int64", mode="train", loss="cross_entropy", kwargs={"layers": 1, "dim": 32})
-    at_64 = graphmem.analyze(job.updated(inputs=["1x64:int64"]))
+    at_64 = graphmem.analyze(edited(job, inputs=["1x64:int64"]))
     assert at_64.train is not None
     result = search_largest(job, resolve_budget(parse_budget(f"{at_64.train.peak_bytes}B"), None))
     assert result.max_value == 64 and result.limited_by is None
@@ -37,7 +38,7 @@ def test_max_seq_is_the_budgets_answer_below_the_limit() -> None:
 
 def test_a_batch_dimension_has_no_model_limit() -> None:
     job = make_job(GPT, "Bx16:int64", mode="train", loss="cross_entropy", kwargs={"layers": 1, "dim": 32})
-    at_3 = graphmem.analyze(job.updated(inputs=["3x16:int64"]))
+    at_3 = graphmem.analyze(edited(job, inputs=["3x16:int64"]))
     assert at_3.train is not None
     result = search_largest(job, resolve_budget(parse_budget(f"{at_3.train.peak_bytes}B"), None))
     assert result.max_value == 3 and result.limited_by is None
