@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from graphmem.workers import die_with_parent
+from graphmem.process.workers import die_with_parent
 
 __all__ = ["SIGNALS", "run_child"]
 
@@ -94,7 +94,7 @@ def _isolate(folder: str, parent: int) -> None:
     stdin from /dev/null, fd 1 to stderr, temporary files and caches in ``folder``, no network
     for Hugging Face, and the current directory no longer first on sys.path (PYTHONPATH's stay)."""
     os.setpgid(0, 0)
-    die_with_parent(parent)  # graphmem.workers: light, torch only on use
+    die_with_parent(parent)  # graphmem.process.workers: light, torch only on use
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDONLY)

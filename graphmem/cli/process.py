@@ -4,7 +4,7 @@ The exit codes are graphmem.cli.exit_codes' (table: docs/exit-codes.md).  ``Grap
 runs every command so that:
 
 - Ctrl-C (SIGINT) exits 130 and writes no result.  For the command's duration the SIGINT
-  handler records the interrupt and asks the analysis to stop (graphmem.interrupts); the
+  handler records the interrupt and asks the analysis to stop (graphmem.process.interrupts); the
   analysis raises KeyboardInterrupt at its next safe point (before every recorded op, between
   stages), never inside a callback that C++ runs, where Python would ignore it or the process
   would abort.  A second Ctrl-C ends the process at once, with 130.  The record is checked
@@ -15,7 +15,7 @@ runs every command so that:
   only.  With ``--format json`` stdout carries exactly one JSON document, also on failure:
   ``{"error": {"kind": ..., "message": ..., "exit_code": N}}``.
 - A closed stdout (``graphmem analyze ... | head -1``) ends the command quietly with 141.
-- Progress (graphmem.progress) goes to stderr: on a terminal, one line rewritten in place once
+- Progress (graphmem.process.progress) goes to stderr: on a terminal, one line rewritten in place once
   the command has run for two seconds, cleared at the end; elsewhere only with --progress, one
   line each.  Never on stdout.
 """
@@ -35,9 +35,9 @@ from typing import Any, NoReturn
 
 import click
 
-from graphmem import interrupts, progress
 from graphmem.cli.arguments import own_arguments
 from graphmem.cli.exit_codes import CLOSED_PIPE, INTERRUPTED, CommandError, CommandExit, as_command_error
+from graphmem.process import interrupts, progress
 
 __all__ = ["GraphmemGroup", "print_result", "raise_if_interrupted", "relay_progress",
            "set_progress", "user_output_to_stderr"]
@@ -70,7 +70,7 @@ def set_progress(ctx: Any, param: Any, value: bool | None) -> None:
 
 
 class _StderrProgress:
-    """graphmem.progress's sink for a command (see the module docstring)."""
+    """graphmem.process.progress's sink for a command (see the module docstring)."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()

@@ -51,8 +51,8 @@ from graphmem.cli.arguments import own_arguments
 from graphmem.cli.child import SIGNALS as _SIGNALS
 from graphmem.cli.child import run_child
 from graphmem.cli.descendants import become_subreaper, end_descendants, reap
+from graphmem.process.workers import how_it_ended
 from graphmem.units import parse_duration
-from graphmem.workers import how_it_ended
 
 __all__ = ["main"]
 

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphmem import progress
 from graphmem.api import analyze
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import GraphmemError, UserInputError
@@ -67,6 +66,7 @@ from graphmem.preflight.rows import (
     batch_templates,
 )
 from graphmem.preflight.search import Prediction, SearchResult, peak_of, search_largest
+from graphmem.process import progress
 
 __all__ = ["RANKING_RULE", "Plan", "PlanRow", "make_plan", "rank_rows"]
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphmem import progress
 from graphmem.errors import GraphmemError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource
@@ -28,7 +27,8 @@ from graphmem.preflight.formulas import Scaling, scaled_peak
 from graphmem.preflight.model_facts import ModelFacts, pruned_factory
 from graphmem.preflight.ranking import departure, effort
 from graphmem.preflight.search import Prediction, predict
-from graphmem.workers import fork_map, processes
+from graphmem.process import progress
+from graphmem.process.workers import fork_map, processes
 
 __all__ = [
     "Analysed",
@@ -221,7 +221,7 @@ def _analyse_in_worker(item: tuple[PlanContext, Request, str, int]) -> Analysed 
 def analysed_rows(ctx: PlanContext, items: Sequence[Request | Analysed | str], *, stage: str = ""
                   ) -> list[Analysed | str]:
     """``items`` with each Request analysed (analysed_row), in order (see Request).  With more
-    than one core the analyses run in forked worker processes (graphmem.workers): each is a
+    than one core the analyses run in forked worker processes (graphmem.process.workers): each is a
     recording of its own, independent of the others.  Progress names each row "row k/N"
     (``stage``: which of plan's rounds of rows, in words)."""
     asked = {i: item for i, item in enumerate(items) if isinstance(item, Request)}

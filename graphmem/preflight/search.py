@@ -29,7 +29,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from graphmem import progress
 from graphmem.api import PeakCurve, analyze, analyze_curve
 from graphmem.errors import UserInputError
 from graphmem.job.job import Job
@@ -39,6 +38,7 @@ from graphmem.memory.results import MemoryReport, ModeReport
 from graphmem.preflight.budget import Budget
 from graphmem.preflight.footprint import compared_mode, needed_bytes
 from graphmem.preflight.model_facts import position_limit
+from graphmem.process import progress
 
 __all__ = [
     "PREFLIGHT_MODES",

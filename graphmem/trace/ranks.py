@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from graphmem.job.parallel import ParallelSpec
+from graphmem.process.workers import processes
 from graphmem.records import Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.distributed import RankFork
 from graphmem.trace.recording import Recording, trace_step
-from graphmem.workers import processes
 
 __all__ = ["forks_ranks", "record_ranks"]
 

@@ -1,5 +1,5 @@
 """plan analyses its independent rows, and analyze the distinct ranks of a sharded step, in
-worker processes when the machine has more than one core (graphmem.workers): the same plan and
+worker processes when the machine has more than one core (graphmem.process.workers): the same plan and
 the same report (graphs included) as one after another, and Ctrl-C stops the workers with the
 command (exit 130)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphmem.workers import fork_map
+from graphmem.process.workers import fork_map
 
 
 def _square(n: int) -> int:

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import graphmem.cli.process as process
-from graphmem import progress
 from graphmem.cli import main
+from graphmem.process import progress
 from tests.conftest import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.py") + ":MLP"

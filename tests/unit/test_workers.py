@@ -22,7 +22,7 @@ PARALLEL_OP = "torch.exp(torch.ones(4_000_000)).sum().item()"
 
 FORK_MAP = f"""
 import os, torch
-from graphmem.workers import fork_map
+from graphmem.process.workers import fork_map
 assert torch.get_num_threads() > 1
 {PARALLEL_OP}  # the parent's OpenMP pool is started
 out = fork_map(lambda n: ({PARALLEL_OP}, torch.get_num_threads(), n)[1:], range(4), what="testing")
@@ -57,7 +57,7 @@ def test_forked_children_run_autograd_after_a_recorded_step_or_the_calls_stay_he
     build refuses autograd in a child forked after it: forked_autograd_works asks a child)."""
     script = textwrap.dedent("""
         import os, torch, graphmem
-        from graphmem.workers import fork_map, forked_autograd_works
+        from graphmem.process.workers import fork_map, forked_autograd_works
         graphmem.analyze("tests/models.py:MLP", ["4x1000"], mode="train", optimizer="adam")
         def step(n):
             w = torch.ones(n, requires_grad=True)
@@ -78,7 +78,7 @@ def test_forked_children_run_autograd_after_a_recorded_step_or_the_calls_stay_he
 # whose helper process held the result pipe open waited as long as the helper lived: 30 s here)
 DIES = """
 import ctypes, os, signal, sys, time
-import graphmem.workers as workers
+import graphmem.process.workers as workers
 from graphmem.errors import TraceError
 
 def die(how):

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphmem import progress
 from graphmem.preflight.policy.finer import Keepable, keepable
 from graphmem.preflight.policy.results import CheckpointChoice, PolicyPlan
 from graphmem.preflight.policy.verify import Verifier, choice_of, kept_key, train_of
-from graphmem.workers import processes
+from graphmem.process import progress
+from graphmem.process.workers import processes
 
 __all__ = ["FINER_ANALYSES", "refined"]
 

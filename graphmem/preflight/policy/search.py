@@ -18,7 +18,6 @@ from typing import Any
 
 from torch import nn
 
-from graphmem import progress
 from graphmem.errors import UnsupportedError, UserInputError
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
@@ -32,7 +31,8 @@ from graphmem.preflight.policy.results import CheckpointChoice, PolicyPlan, Shar
 from graphmem.preflight.policy.solve import SOLVER, search_front
 from graphmem.preflight.policy.verify import Choices, Verifier, analyse, analyse_all, choice_of, train_of
 from graphmem.preflight.search import Prediction
-from graphmem.workers import processes
+from graphmem.process import progress
+from graphmem.process.workers import processes
 
 __all__ = ["FRONT_POINTS", "CheckpointChoice", "PolicyPlan", "Sharding", "ShardingOption", "make_policy", "peak_with",
            "policy_job", "search_policy", "units_of"]

@@ -39,7 +39,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from graphmem import progress
 from graphmem.job.job import Job
 from graphmem.job.load import ModelSource, build_model
 from graphmem.job.option import spelling
@@ -48,6 +47,7 @@ from graphmem.preflight.budget import Budget
 from graphmem.preflight.policy.results import PolicyPlan, Sharding, ShardingOption
 from graphmem.preflight.policy.search import FRONT_POINTS, peak_with, search_policy, units_of
 from graphmem.preflight.search import Prediction
+from graphmem.process import progress
 
 __all__ = ["Sharding", "ShardingOption", "choose_setting", "make_sharded_policy"]
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphmem import progress
 from graphmem.job.grammar import format_blocks
 from graphmem.job.job import Job
 from graphmem.job.option import spelling
@@ -26,7 +25,8 @@ from graphmem.preflight.policy.costs import CostModel
 from graphmem.preflight.policy.gathers import backward_gather_bytes
 from graphmem.preflight.policy.results import CheckpointChoice
 from graphmem.preflight.search import Prediction, predict
-from graphmem.workers import fork_map
+from graphmem.process import progress
+from graphmem.process.workers import fork_map
 
 __all__ = ["Choices", "Verifier", "analyse", "analyse_all", "blocks_of", "choice_of", "kept_key", "train_of"]
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from graphmem import interrupts, progress
 from graphmem._torch_api import (
     DATA_DEPENDENT_ERRORS,
     HigherOrderOperator,
@@ -32,6 +31,7 @@ from graphmem._torch_api import (
     tree_flatten,
 )
 from graphmem.job.assume import Assumptions
+from graphmem.process import interrupts, progress
 from graphmem.records import OpRecord, Phase, Role, StorageRecord
 from graphmem.trace.core.graph import GraphBuilder
 from graphmem.trace.core.modules import ModuleTracker
@@ -192,7 +192,7 @@ class Recorder(TorchDispatchMode):
     def _dispatch(self, func: Any, args: Any, kwargs: Any, device: Any) -> Any:
         if self.silent or func.namespace in ("prim", "profiler") or func in ops.SIZE_QUERIES:  # queries, marks
             return func(*args, **kwargs)
-        interrupts.check()  # a safe point for Ctrl-C (graphmem.interrupts): an op about to be recorded
+        interrupts.check()  # a safe point for Ctrl-C (graphmem.process.interrupts): an op about to be recorded
         self.poll()
         index = len(self.ops)
         in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)

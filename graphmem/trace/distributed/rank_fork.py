@@ -6,7 +6,7 @@ partition of the parameters.  So the step is recorded once up to that point; the
 forks one child per other rank, which builds that rank's optimizer and records the rest of the
 step.  What a child records is what recording its rank from the start records (the tests
 compare the two op for op); it sends its result back through a file and exits.  No more than
-``at_once`` processes record at once (graphmem.workers.processes: one per core).
+``at_once`` processes record at once (graphmem.process.workers.processes: one per core).
 
 Input: the other ranks (the tracer adds, per rank, the values its optimizer reads).  Output:
 per rank, what its child sent (graphmem.trace.ranks.record_ranks gathers them).
@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from graphmem import interrupts, progress
 from graphmem.errors import TraceError
-from graphmem.workers import after_fork
+from graphmem.process import interrupts, progress
+from graphmem.process.workers import after_fork
 
 __all__ = ["RankFork"]
 

@@ -28,9 +28,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from graphmem import interrupts
 from graphmem.errors import TraceError
-from graphmem.workers import die_with_parent, how_it_ended
+from graphmem.process import interrupts
+from graphmem.process.workers import die_with_parent, how_it_ended
 
 __all__ = ["Backup", "capturing_output"]
 

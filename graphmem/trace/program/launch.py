@@ -5,7 +5,7 @@ recording's ``GpuTarget``.  Output: a ``Launched``: each recorded rank's ``Progr
 why ranks the program did not name were recorded.  Recording only: what the traces weigh is
 the caller's (graphmem.memory).
 
-Each rank is a process of its own (graphmem.workers.fork_each), as torchrun starts them, with
+Each rank is a process of its own (graphmem.process.workers.fork_each), as torchrun starts them, with
 its own imports; its model's stack of alike blocks recorded once (graphmem.trace.program.stacks).
 A pipelined program's stages tell each other shapes at run time: the ranks are recorded in
 rounds until the messages agree (graphmem.trace.program.stage_messages).
@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from graphmem import progress
 from graphmem.errors import TraceError
 from graphmem.job.program import Program
+from graphmem.process import progress
+from graphmem.process.workers import fork_each
 from graphmem.trace.program.gpu import GpuTarget
 from graphmem.trace.program.run import ProgramTrace, trace_program
 from graphmem.trace.program.stage_messages import Key, Mailbox, Waits
-from graphmem.workers import fork_each
 
 __all__ = ["Launched", "record_program", "record_rounds"]
 

@@ -35,7 +35,6 @@ from functools import partial
 import torch
 from torch import nn
 
-from graphmem import progress
 from graphmem._torch_api import (
     data_loading_in_process,
     module_children,
@@ -44,6 +43,7 @@ from graphmem._torch_api import (
 from graphmem.errors import TraceError
 from graphmem.job.assume import Assumptions
 from graphmem.job.program import Program
+from graphmem.process import progress
 from graphmem.records import Phase, Trace
 from graphmem.trace.compiled import compiler_folders
 from graphmem.trace.core.fake_mode import recording_fake_mode

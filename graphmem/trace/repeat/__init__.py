@@ -14,9 +14,9 @@ import os
 
 from torch import nn
 
-from graphmem import progress
 from graphmem.job.fallback import first_line
 from graphmem.job.parallel import ParallelSpec
+from graphmem.process import progress
 from graphmem.records import Trace
 from graphmem.trace.cuda_target.kernels import CudaKernels
 from graphmem.trace.recording import Recording, trace_step

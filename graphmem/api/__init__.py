@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from graphmem import progress
 from graphmem._torch_api import OP_ERRORS, OpOverload
+from graphmem.api.modes import Built, build, report_modes
 from graphmem.errors import GraphmemError, UserInputError
 from graphmem.job.job import DEFAULT_GPU, Job, edited, make_job
 from graphmem.job.load import ModelSource
@@ -23,7 +23,7 @@ from graphmem.job.spec import InputSpec, input_symbol, parse_input_spec, spec_at
 from graphmem.memory.analyse import CudaSetup, allocator_again, analyse, highest_first
 from graphmem.memory.liveness import POLICIES
 from graphmem.memory.results import MemoryReport, ModeReport, RankReport
-from graphmem.modes import Built, build, report_modes
+from graphmem.process import progress
 from graphmem.records import Trace
 from graphmem.trace import CudaKernels, Recording, record_step, trace_at
 from graphmem.trace.program import GpuMemory, GpuTarget, Launched, ProgramTrace, record_program

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from graphmem import interrupts, progress
 from graphmem._torch_api import OpOverload
 from graphmem.job.assume import Assumptions
 from graphmem.job.finetune import count_trained, prepare_finetuning
@@ -31,10 +30,11 @@ from graphmem.job.spec import InputSpec
 from graphmem.job.step import StepConfig, resolve_optimizer
 from graphmem.memory.analyse import CudaSetup, analyse, highest_first
 from graphmem.memory.results import GenerateReport, MemoryReport, ModeReport, RankReport, with_graph
+from graphmem.process import interrupts, progress
+from graphmem.process.workers import fork_map, forked_autograd_works, processes
 from graphmem.records import Phase, Trace
 from graphmem.trace import CudaKernels, Recording, distinct_ranks, forks_ranks, record_ranks
 from graphmem.trace.rules import Rule, RuleTable, rules_for
-from graphmem.workers import fork_map, forked_autograd_works, processes
 
 __all__ = ["Built", "build", "report_modes"]
 
@@ -93,7 +93,7 @@ def report_modes(job: Job, built: Built, policy: str, trace_of: Callable[..., Tr
                  fork_ranks: bool = False, checkpoint_comparison: bool = True) -> MemoryReport:
     """Record (``trace_of``) and analyse each mode the job asks for.  ``fork_ranks``: the
     distinct ranks of a parallel job are recorded side by side: ZeRO-1's from one shared
-    beginning (graphmem.trace.ranks.record_ranks), others in worker processes (graphmem.workers)
+    beginning (graphmem.trace.ranks.record_ranks), others in worker processes (graphmem.process.workers)
     when there are cores for them; ``checkpoint_comparison``: a checkpointed step is also
     analysed without checkpointing."""
     base = Recording(inputs=tuple(specs), device=job.device, dtype=built.dtype, rules=built.table, assume=built.assume,

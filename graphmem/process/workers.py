@@ -20,8 +20,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from graphmem import interrupts
 from graphmem.errors import TraceError
+from graphmem.process import interrupts
 
 __all__ = ["after_fork", "die_with_parent", "fork_each", "fork_map", "fork_once", "how_it_ended", "processes"]
 
