@@ -1,4 +1,4 @@
-"""The commands: analyze, check, max-batch / max-seq, plan.
+"""The commands analyze and run (the pre-flight ones are graphmem.cli.preflight_commands).
 
 Each parses its options into one Job (graphmem.cli.options), calls the library once, renders
 with the renderer its ``--format`` names, writes the output and maps errors to exit codes
@@ -9,57 +9,51 @@ the analysis; the files are written whole and renamed into place together (all o
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from graphmem._lazy import lazy_exports
+import graphmem.cli.preflight_commands  # noqa: F401  (registers check, max-batch / max-seq and plan)
 from graphmem.cli.arguments import program_arguments_apart
-from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS, errors_to_exit_codes
+from graphmem.cli.exit_codes import DOES_NOT_FIT, SUCCESS
 from graphmem.cli.group import main
-from graphmem.cli.options import GraphmemCommand, ParsedType, job_from, job_options, output_options, section_options
-from graphmem.cli.process import print_result, raise_if_interrupted, user_output_to_stderr
+from graphmem.cli.options import GraphmemCommand, job_options, output_options, section_options
+from graphmem.cli.shared import (
+    PREFLIGHT_MODES,
+    analysis,
+    budget_options,
+    distinct,
+    job_of,
+    lazy_commands,
+    picture,
+    write,
+)
 from graphmem.cuda.gpus import get_gpu
 from graphmem.errors import TraceError, UserInputError
 from graphmem.job.choices import ANALYSIS_MODES
 from graphmem.job.grammar import input_symbol, parse_sweep
 from graphmem.job.option import flag, fold, spelling
 from graphmem.job.sections import CudaTarget, Target
-from graphmem.preflight.budget import METRICS, BudgetAmount, parse_budget, parse_margin, resolve_budget
+from graphmem.preflight.budget import BudgetAmount, resolve_budget
 from graphmem.report.formats import COLLAPSE_CHOICES, RENDERER_NAMES
-from graphmem.report.paths import check_html_path, check_output_path
 
 if TYPE_CHECKING:
     from graphmem.api import analyze, program_allocator_again, run_program
     from graphmem.job.job import Job
     from graphmem.job.program import make_program
-    from graphmem.preflight.plan import make_plan
-    from graphmem.preflight.search import search_largest, sweep
-    from graphmem.preflight.verdict import check, judge
+    from graphmem.preflight.search import sweep
+    from graphmem.preflight.verdict import judge
     from graphmem.report import RENDERERS, write_files
-    from graphmem.report.files import StagedFiles, staged_files
+    from graphmem.report.files import StagedFiles
     from graphmem.report.header import program_settings, settings_of
     from graphmem.report.html import render_html
-    from graphmem.report.plan_table import PLAN_RENDERERS
-    from graphmem.report.policy_curve import write_policy_curve
-    from graphmem.report.policy_file import render_policy_module
-    from graphmem.report.preflight_text import (
-        CHECK_RENDERERS,
-        SEARCH_RENDERERS,
-        SWEEP_RENDERERS,
-        Context,
-        check_to_dict,
-        render_verdict,
-    )
+    from graphmem.report.preflight_text import SWEEP_RENDERERS, Context, check_to_dict, render_verdict
 
-__all__ = ["main"]
+__all__ = ["PREFLIGHT_MODES", "main"]
 
 # The analysis, and torch with it, is imported once a command has a job to do (``_load``), not
 # while the command line is parsed: --help and usage errors never import it.  ``_load`` binds
@@ -68,103 +62,18 @@ __all__ = ["main"]
 _ANALYSIS = {
     "graphmem.api": ("analyze", "program_allocator_again", "run_program"),
     "graphmem.job.program": ("make_program",),
-    "graphmem.preflight.search": ("search_largest", "sweep"),
-    "graphmem.preflight.plan": ("make_plan",),
-    "graphmem.preflight.verdict": ("check", "judge"),
+    "graphmem.preflight.search": ("sweep",),
+    "graphmem.preflight.verdict": ("judge",),
     "graphmem.report": ("RENDERERS", "write_files"),
-    "graphmem.report.files": ("staged_files",),
     "graphmem.report.header": ("program_settings", "settings_of"),
     "graphmem.report.html": ("render_html",),
-    "graphmem.report.plan_table": ("PLAN_RENDERERS",),
-    "graphmem.report.policy_curve": ("write_policy_curve",),
-    "graphmem.report.policy_file": ("render_policy_module",),
-    "graphmem.report.preflight_text": ("CHECK_RENDERERS", "SEARCH_RENDERERS", "SWEEP_RENDERERS", "Context",
-                                       "check_to_dict", "render_verdict"),
+    "graphmem.report.preflight_text": ("SWEEP_RENDERERS", "Context", "check_to_dict", "render_verdict"),
 }
-__getattr__ = lazy_exports(globals(), _ANALYSIS)
-# the pre-flight commands analyse these modes (graphmem.preflight.search.PREFLIGHT_MODES; a test keeps them equal)
-PREFLIGHT_MODES = ("train", "inference")
-
-
-def _load() -> None:
-    """Import the analysis into this module (see ``_ANALYSIS``)."""
-    for names in _ANALYSIS.values():
-        for name in names:
-            if name not in globals():
-                __getattr__(name)
+__getattr__, _load = lazy_commands(globals(), _ANALYSIS)
 
 
 def _job(options: Mapping[str, Any]) -> Job:
-    """The Job the options describe (``job_from``: a job they leave undescribed is refused before
-    anything heavy is imported), with the analysis loaded."""
-    job = job_from(options)
-    _load()
-    return job
-
-
-def _output_kind(kind: str) -> Callable[[Any, Any, str | None], str | None]:
-    """A click callback refusing a path where no ``kind`` file (graphmem.report.paths) can be written."""
-    def check(_: Any, param: Any, path: str | None) -> str | None:
-        try:
-            return None if path is None else check_output_path(kind, path)
-        except UserInputError as exc:
-            raise click.BadParameter(str(exc), param=param) from None
-    return check
-
-
-def _picture(param: Any, path: str | None) -> str | None:
-    """Refuse a picture (or --html page) path with the wrong suffix, in a folder where no file
-    can be written, or whose extra is missing, before analysing."""
-    try:
-        if path is None:
-            return None
-        return check_html_path(path) if param.name == "html" else check_output_path(param.name, path)
-    except UserInputError as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-@contextlib.contextmanager
-def _analysis(debug: bool) -> Iterator[None]:
-    """Around the library call: the user's code prints to stderr, errors leave with their exit codes."""
-    with errors_to_exit_codes(debug), user_output_to_stderr():
-        yield
-
-
-def _write(text: str, output: str | None, debug: bool, pictures: Callable[[StagedFiles], None] | None = None) -> None:
-    """The result to --output (with the pictures: each written whole under a temporary name,
-    all renamed into place once all are written, none left on failure) or to stdout.  Nothing
-    is written once interrupted.  ``--output /dev/stdout`` is stdout: the command's own fd 1 is
-    stderr (graphmem.cli.supervisor prints the result)."""
-    if output is not None and os.path.abspath(output) in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
-        output = None
-    with errors_to_exit_codes(debug), staged_files() as staged:
-        if pictures is not None:
-            pictures(staged)
-        if output:
-            Path(staged.path_for(output)).write_text(text, encoding="utf-8")
-        raise_if_interrupted()
-    if not output:
-        print_result(text)
-
-
-def _distinct(**paths: str | None) -> None:
-    """Refuse two outputs of one run that name the same file (one would overwrite the other): the
-    same path after symbolic links, or two hard links of one file.  A device or FIFO may take two."""
-    seen: dict[object, str] = {}
-    for option, path in paths.items():
-        if path is None:
-            continue
-        try:
-            found = os.stat(path)
-        except OSError:  # a new file: its path, links resolved, is its identity
-            key: object = os.path.realpath(path)
-        else:
-            if not stat.S_ISREG(found.st_mode):
-                continue
-            key = (found.st_dev, found.st_ino)
-        if key in seen:
-            raise click.UsageError(f"--{seen[key]} and --{option} name the same file {path!r}; give each its own")
-        seen[key] = option
+    return job_of(options, _load)
 
 
 @main.command("analyze", cls=GraphmemCommand)
@@ -174,18 +83,18 @@ def _distinct(**paths: str | None) -> None:
               help="Levels of the module tree in the per-module table, the JSON and the --dot module graph.")
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
               help="How many of the largest tensors live at the peak to list.")
-@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also draw live bytes over the step, stacked by category, to FILE.svg|.png|.html "
                    "(needs matplotlib: pip install 'graphmem[viz]').")
-@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also write the predicted allocations as a PyTorch memory snapshot FILE.pickle, "
                    "for pytorch.org/memory_viz or python -m torch.cuda._memory_viz.")
-@click.option("--dot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--dot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also write the op graph as DOT (FILE.dot) or render it with Graphviz (FILE.svg|.png|.pdf); "
                    "needs pydot: pip install 'graphmem[viz]'.")
 @click.option("--collapse", type=click.Choice(COLLAPSE_CHOICES), default="auto", show_default=True,
               help="--dot graph: one node per op, per module (cut at --depth), or auto (modules past 300 nodes).")
-@click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also write one self-contained page FILE.html (opens offline in any browser): the facts, "
                    "the memory timelines, the categories at the peak, the per-module table and, with "
                    f"{spelling('parallel')}, the per-GPU table.")
@@ -203,13 +112,13 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
 
     Example: graphmem analyze examples/mlp.py:MLP --input 32x1000
     """
-    _distinct(output=output, timeline=timeline, snapshot=snapshot, dot=dot, html=html)
+    distinct(output=output, timeline=timeline, snapshot=snapshot, dot=dot, html=html)
     if sweep_text is not None:
         drawn = {"--timeline": timeline, "--snapshot": snapshot, "--dot": dot, "--html": html}
         _sweep_command(sweep_text, fmt, units, output, debug, [name for name, path in drawn.items() if path],
                        options)
         return
-    with _analysis(debug):
+    with analysis(debug):
         job = _job(options)
         report = analyze(job)
         text = RENDERERS[fmt](report, units, depth=depth, top=top, setup=settings_of(job))
@@ -220,23 +129,7 @@ def analyze_command(fmt: str, units: str, output: str | None, debug: bool, depth
         if html is not None:
             Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
 
-    _write(text, output, debug, files)
-
-
-# 80GiB, 80GB, 512MiB, 123456B, or 0.9 / 90% of --gpu -> BudgetAmount
-BudgetType = lambda: ParsedType("BYTES|FRACTION", parse_budget, BudgetAmount)
-# 5% or 0.05 -> Fraction
-MarginType = lambda: ParsedType("PERCENT", parse_margin, Fraction)
-
-
-def _budget_options(command: Any) -> Any:
-    """Add --budget and --margin to a pre-flight command."""
-    command = click.option("--margin", type=MarginType(), default="0%", show_default=True,
-                           help="Keep this share free: fits when peak x (1 + margin) <= budget.")(command)
-    return click.option("--budget", type=BudgetType(), default=None,
-                        help="Memory available: 123456B, 512MiB, 80GiB, 80GB (decimal), or 0.9 / 90% of "
-                             f"{spelling('gpu')}. "
-                             f"Default: all of {spelling('gpu')}'s memory.")(command)
+    write(text, output, debug, files)
 
 
 class _RunCommand(GraphmemCommand):
@@ -274,14 +167,14 @@ class _RunCommand(GraphmemCommand):
               help="Levels of the module tree in the per-module table and the JSON.")
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
               help="How many of the largest tensors live at the peak to list.")
-@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also draw live bytes over the run, stacked by category, to FILE.svg|.png|.html "
                    "(needs matplotlib: pip install 'graphmem[viz]').")
-@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also write the predicted allocations as a PyTorch memory snapshot FILE.pickle.")
-@click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: _picture(p, v),
+@click.option("--html", type=click.Path(dir_okay=False), default=None, callback=lambda c, p, v: picture(p, v),
               help="Also write one self-contained page FILE.html.")
-@_budget_options
+@budget_options
 @click.argument("program", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_command(module: str | None, steps: int, device: str | None, nproc_per_node: int | None, nnodes: int | None,
@@ -306,13 +199,13 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
 
     Example: graphmem run examples/train_loop.py --batch-size 32
     """
-    _distinct(output=output, timeline=timeline, snapshot=snapshot, html=html)
+    distinct(output=output, timeline=timeline, snapshot=snapshot, html=html)
     if module is None and program is None:
         raise click.UsageError("give the program to run: graphmem run SCRIPT.py [ARGS]... "
                                "or graphmem run -m MODULE [ARGS]...")
     target, argv = (module, (*([program] if program else []), *args)) if module else (program, args)
     assert target is not None
-    with _analysis(debug):
+    with analysis(debug):
         if device == "cpu" and gpu is not None:
             raise UserInputError(f"{flag(CudaTarget, 'gpu')} {gpu} is a GPU and {flag(Target, 'device')} cpu the "
                                  "CPU: give one of them")
@@ -343,9 +236,9 @@ def run_command(module: str | None, steps: int, device: str | None, nproc_per_no
         if html is not None:
             Path(staged.path_for(html)).write_text(render_html(report, units, depth=depth), encoding="utf-8")
 
-    _write(text, output, debug, files)
+    write(text, output, debug, files)
     if report.program_failed is not None:  # what was recorded is shown; the run did not succeed
-        with _analysis(debug):
+        with analysis(debug):
             raise TraceError(report.program_failed)
     if verdict is not None:
         click.get_current_context().exit(SUCCESS if verdict.fits else DOES_NOT_FIT)
@@ -362,7 +255,7 @@ def _own_options() -> frozenset[str]:
 def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: bool, files: list[str],
                    options: dict[str, Any]) -> None:
     """``analyze --sweep``: the peaks at each value (graphmem.preflight.search.sweep)."""
-    with _analysis(debug):
+    with analysis(debug):
         if files:
             raise UserInputError(f"{', '.join(files)} draw one analysis; --sweep makes one per value: drop one "
                                  "or the other")
@@ -382,142 +275,4 @@ def _sweep_command(text: str, fmt: str, units: str, output: str | None, debug: b
         context = Context(target=job.target_name, inputs=inputs, device=job.device,
                           mode=job.mode, gpu=gpu.name if gpu else None, setup=settings_of(job))
         rendered = SWEEP_RENDERERS[fmt](result, context, units)
-    _write(rendered, output, debug)
-
-
-# ---------------------------------------------------------------------------------------------
-# Pre-flight: check, max-batch / max-seq, plan (docs/preflight.md).  Exit codes: 0 fits,
-# 1 does not fit, 2 usage errors, 3 analysis failures (a bug too: 1 must only mean "does not fit"),
-# 130 interrupted, 141 stdout closed (docs/exit-codes.md).
-
-def _preflight(options: dict[str, Any], budget: BudgetAmount | None, margin: Fraction) -> tuple[Job, Any, Context]:
-    """The Job, the budget and the header's context, from a pre-flight command's options."""
-    job = _job(options)
-    gpu = get_gpu(options["gpu"]) if options["gpu"] else None
-    shown = job.with_preset()
-    mode = f"generation {job.generate.prompt}+{job.generate.new} x {job.generate.batch}" if job.generate else job.mode
-    context = Context(target=job.target_name, inputs=shown.inputs.specs, device=job.device, mode=mode,
-                      gpu=gpu.name if gpu else None, setup=settings_of(job))
-    return job, resolve_budget(budget, gpu, margin), context
-
-
-@main.command("check", cls=GraphmemCommand)
-@job_options(PREFLIGHT_MODES, "train")
-@output_options(["table", "json"])
-@_budget_options
-@click.option("--metric", type=click.Choice(METRICS), default=None,
-              help="On a GPU, the number compared with the budget: allocated (max_memory_allocated), reserved "
-                   "(max_memory_reserved; the default) or nvidia-smi (the nvidia-smi estimate); the budget also "
-                   "holds what lives outside PyTorch's allocator (CUDA context, NCCL buffers).")
-def check_command(budget: BudgetAmount | None, margin: Fraction, metric: str | None, fmt: str, units: str,
-                  output: str | None, debug: bool, **options: Any) -> None:
-    """Will TARGET fit the budget?  Exit 0: the predicted peak with --margin fits (on a GPU: the
-    caching allocator's reserved peak plus the CUDA context and NCCL buffers); 1: it does not;
-    2: usage error; 3: the analysis failed; 130: interrupted.
-
-    On a GPU, --metric allocated or nvidia-smi compares another of its numbers instead.
-
-    Example: graphmem check examples/mlp.py:MLP --input 32x1000 --budget 16MiB --margin 5%
-    """
-    with _analysis(debug):
-        job, limit, context = _preflight(options, budget, margin)
-        if metric is not None and job.device != "cuda":
-            raise UserInputError(f"--metric {metric} names one of a GPU's numbers, but the target is {job.device}, "
-                                 f"whose one number is the peak; add {spelling('gpu')} NAME (or {spelling('device')} "
-                                 "cuda), or drop --metric")
-        result = check(job, limit, metric or "reserved")
-        text = CHECK_RENDERERS[fmt](result, context, units)
-    _write(text, output, debug)
-    click.get_current_context().exit(SUCCESS if result.fits else DOES_NOT_FIT)
-
-
-@main.command("max-batch", cls=GraphmemCommand)
-@job_options(PREFLIGHT_MODES, "train")
-@output_options(["table", "json"])
-@_budget_options
-def max_batch_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
-                      debug: bool, **options: Any) -> None:
-    """The largest batch (max-batch) or sequence length (max-seq) that fits: the dimension written
-    as a capital letter in --input (Bx1000, 1xSx64).  N fits and N+1 does not, both analysed.
-    Exit 0 when some value fits, 1 when even 1 does not.
-
-    Example: graphmem max-batch examples/mlp.py:MLP --input Bx1000 --budget 64MiB
-    """
-    key = "max_seq" if click.get_current_context().info_name == "max-seq" else "max_batch"
-    with _analysis(debug):
-        job, limit, context = _preflight(options, budget, margin)
-        result = search_largest(job, limit)
-        text = SEARCH_RENDERERS[fmt](result, context, units, key=key)
-    _write(text, output, debug)
-    click.get_current_context().exit(SUCCESS if result.max_value else DOES_NOT_FIT)
-
-
-main.add_command(max_batch_command, name="max-seq")
-
-
-@main.command("plan", cls=GraphmemCommand)
-@job_options(PREFLIGHT_MODES, "train")
-@output_options(["table", "json"])
-@_budget_options
-@click.option("--world-size", type=click.IntRange(min=1), default=None,
-              help="GPUs you could use: adds ZeRO-1 and FSDP2 rows sharding over up to N of them (analysed). "
-                   f"Default: the job's own (one GPU, or the GPUs of {spelling('parallel')}).")
-@click.option("--prune-amount", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
-              show_default=True, help="Share of each Linear/Conv weight the pruning rows remove.")
-@click.option("--group-size", type=click.IntRange(min=1), default=128, show_default=True,
-              help="int4 quantization group size (formula rows).")
-@click.option("--policy", "policy", is_flag=True,
-              help="Choose which blocks to checkpoint: the least recompute whose peak fits the budget, solved "
-                   "over every choice and verified by analysis, with the memory/recompute front (instead of "
-                   f"the table of remedies; training, on one device or under {spelling('parallel')} fsdp=N, where it "
-                   "also "
-                   "chooses FSDP2's reshard_after_forward, and finer units where they help).")
-@click.option("--emit-policy", "emit_policy", default=None, metavar="FILE.py", callback=_output_kind("policy"),
-              help="With --policy: write the chosen policy as a Python module (apply_policy(model), torchtitan's "
-                   "settings, transformers' own checkpointing calls). Implies --policy.")
-@click.option("--policy-curve", "policy_curve", default=None, metavar="FILE.svg|png",
-              callback=_output_kind("policy_curve"),
-              help="With --policy: draw the front, peak against recompute, with the budget line. Implies --policy.")
-@click.option("--front-points", type=click.IntRange(min=2), default=8, show_default=True,
-              help="With --policy: points of the front analysed (each an analysis of the whole step).")
-@click.option("--policy-save", default="", metavar="OPS",
-              help="With --policy: choose per block among kept, checkpointed whole, and checkpointed keeping the "
-                   "outputs of these ops (selective: matmuls, attention or aten op names, comma-separated, e.g. "
-                   "matmuls,attention) and recomputing the rest; the emitted module keeps them in its SELECTIVE "
-                   "blocks. Implies --policy.")
-@click.option("--policy-ops/--no-policy-ops", "policy_ops", default=True, show_default=True,
-              help="With --policy: after choosing the blocks, keep the outputs of single ops inside them (a "
-                   "submodule's matmuls, the attention) where the budget leaves room, and under "
-                   f"{spelling('parallel')} "
-                   "fsdp=N the last units' parameters, each step analysed; --no-policy-ops: neither, whole "
-                   "blocks and one setting for every unit only.")
-def plan_command(budget: BudgetAmount | None, margin: Fraction, fmt: str, units: str, output: str | None,
-                 debug: bool, world_size: int | None, prune_amount: float, group_size: int, policy: bool,
-                 emit_policy: str | None, policy_curve: str | None, front_points: int, policy_save: str,
-                 policy_ops: bool, **options: Any) -> None:
-    """What to change so TARGET fits: each remedy (batch, checkpointing, autocast, optimizer,
-    accumulation, ZeRO/FSDP, offload, quantization, pruning) alone and combined, ranked, with its
-    predicted peak, saving and extra compute; and why training takes N times inference.  With
-    --policy: which blocks to checkpoint for the least recompute that fits (with --policy-save OPS,
-    also which of them keep those ops' outputs).
-
-    Example: graphmem plan examples/gpt.py:GPT --input 8x256:int64 --loss cross_entropy --budget 64MiB
-    """
-    _distinct(output=output, emit_policy=emit_policy, policy_curve=policy_curve)
-    save = tuple(n.strip() for n in policy_save.split(",") if n.strip())
-    policy = policy or emit_policy is not None or policy_curve is not None or bool(save)
-    with _analysis(debug):
-        job, limit, context = _preflight(options, budget, margin)
-        plan = make_plan(job, limit, world_size=world_size, prune_amount=prune_amount, group_size=group_size,
-                         policy=policy, front_points=front_points, policy_save=save, policy_ops=policy_ops)
-        text = PLAN_RENDERERS[fmt](plan, context, units)
-
-    def files(staged: StagedFiles) -> None:
-        if plan.policy is not None and emit_policy is not None:
-            described = " ".join([context.target, *(f"{spelling('inputs')} {i}" for i in context.inputs)])
-            Path(staged.path_for(emit_policy)).write_text(render_policy_module(plan.policy, described),
-                                                          encoding="utf-8")
-        if plan.policy is not None and policy_curve is not None:
-            write_policy_curve(plan.policy, staged.path_for(policy_curve), context.target, units)
-
-    _write(text, output, debug, files)
+    write(rendered, output, debug)

@@ -122,9 +122,10 @@ class MarkedGPT(GPT):
 INTERNAL_ERROR = """
 import sys
 import graphmem.cli.commands as commands
+import graphmem.cli.preflight_commands as preflight_commands
 def broken(*args, **kwargs):
     raise RuntimeError("boom")
-commands.check = broken
+preflight_commands.check = broken
 sys.argv = ["graphmem", *sys.argv[1:]]
 commands.main()
 """

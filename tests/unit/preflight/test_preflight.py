@@ -338,7 +338,7 @@ def test_check_maps_bugs_to_3_not_1(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("graphmem.cli.commands.check", broken)
+    monkeypatch.setattr("graphmem.cli.preflight_commands.check", broken)
     result = run("check", MLP, "--input", "4x1000", "--budget", "1GiB")
     assert result.exit_code == 3 and "internal error: RuntimeError: boom" in result.output
 
