@@ -49,32 +49,15 @@ def analyze(job: Job | str | ModelSource | None = None,
             graphmem.memory.liveness).
         checkpoint_comparison: with ``checkpoint``, also analyse the step without it
             (``MemoryReport.train_without_checkpoint``); False leaves that out.
-        **keywords: the job's other settings, as ``graphmem.make_job`` takes them: ``mode``
-            (both, train, inference), ``optimizer`` (every torch.optim optimizer by name,
-            bitsandbytes 8-bit ones by formula, ``none``, or ``pkg.module:Class``),
-            ``optimizer_kwargs``, ``optimizer_impl`` (auto, for-loop, foreach, fused), ``loss``
-            (auto, sum, mean, cross_entropy, nll), ``amp`` (bf16, fp16: torch.autocast, fp16
-            with a GradScaler), ``checkpoint`` (module classes run under non-reentrant
-            activation checkpointing; the report then also holds the peak without it),
-            ``grad_accum``, ``dtype`` (``model.to(dtype)``), ``kwargs`` (for the model class or
-            factory), ``device`` (cpu: bytes as PyTorch's CPU execution allocates them; cuda:
-            CUDA's kernel choices and the caching allocator's allocated and reserved peaks,
-            ``ModeReport.allocator``), ``gpu``, ``sdpa``, ``alloc_conf``, ``hf_config``,
-            ``preset``, ``generate`` (``"P+N"`` with ``batch``: inference with a KV cache),
-            ``assume`` (input name -> ones, zeros, arange or an integer, for reads of
-            input-derived values), ``freeze`` (globs on parameter names that do not train) or
-            ``lora`` (``"r=16,alpha=32,target=q_proj,v_proj"``: peft's LoRA adapters train, the
-            rest is frozen).  With a Job, keywords change it (``Job.updated``).
+        **keywords: the job's other settings, each the keyword of one option of ``graphmem
+            analyze`` (``--optimizer-impl fused`` is ``optimizer_impl="fused"``; the sections
+            and their fields: docs/configuration.md).  With a Job, keywords change it.
 
     Returns:
         A MemoryReport; ``inference`` / ``train`` are None when not asked for.  Sizes in bytes.
 
-    Known limitations:
-        Memory a kernel allocates internally without dispatching an op (workspaces) is not
-        seen unless a rule in ``graphmem.trace.rules`` models it (cuDNN's RNN reserve space on
-        the CUDA target is not).  Values are never known: reads of input-derived values are
-        answered from ``assume``; reads of anything computed from weights raise TraceError.
-        The CUDA target is modelled from PyTorch's source, not yet measured on a GPU.
+    Known limitations: docs/how-it-works.md (kernels' internal workspaces without a rule;
+    values computed from weights are never known).
     """
     job = _resolved(job, inputs, keywords, policy)
     if input_symbol(job.inputs.specs) is not None:
@@ -185,41 +168,29 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
                 nproc_per_node: int | None = None, nnodes: int | None = None, ranks: str | Sequence[int] = "auto",
                 policy: str = "observed", write_through: Sequence[str] = ()) -> MemoryReport:
     """Predict the memory of a training program as it runs: ``python SCRIPT ARGV`` (or ``-m``
-    MODULE) recorded from its first line to the end of its ``steps``-th optimizer step, every
-    tensor it makes a fake one (graphmem.trace.program).
+    MODULE) from its first line to the end of its ``steps``-th optimizer step, every tensor a fake.
 
     Args:
         program: a ``Program``, or the script's path (the module's name with ``module``).
-        argv: the program's own arguments.
-        steps: optimizer steps to record (any torch.optim optimizer's ``step``).
-        device: ``cpu``: bytes as PyTorch's CPU execution allocates them; ``cuda``: the
-            program's "cuda" is the GPU ``gpu`` (a preset; default as for analyze), its
-            memory what the caching allocator reserves.
-        gpu: the GPU preset; implies ``device="cuda"``.
-        alloc_conf: PYTORCH_CUDA_ALLOC_CONF settings (default: the environment variable).
-        sdpa: the attention backend on the GPU (``auto``: PyTorch's choice).
-        nproc_per_node, nnodes: processes per node and nodes, as ``torchrun --nproc-per-node
-            --nnodes`` starts them, one process included (with a string ``program``; a ``Program``
-            carries its own); neither given: one process, as ``python`` starts it.
-        ranks: which to record (``auto``: a ``Program``'s own): ``auto`` (rank 0, the last,
-            and the first rank of each pipeline stage), ``all``, or a list (and any rank whose
-            pipeline stage another recorded rank waits for: graphmem.trace.program.stage_messages).
-        policy: storage release policy (graphmem.memory.liveness).
-        write_through: paths the program writes for real (with a string ``program``); every
-            other write goes to a layer of its own, dropped after the run.
+        argv, steps: the program's own arguments; optimizer steps to record.
+        device, gpu, alloc_conf, sdpa: the target, as ``analyze`` takes it (``gpu`` implies cuda:
+            the program's "cuda" is that GPU, its memory what the caching allocator reserves).
+        nproc_per_node, nnodes: processes, as ``torchrun`` starts them (with a string ``program``).
+        ranks: which to record: ``auto`` (rank 0, the last, each pipeline stage's first), ``all``
+            or a list; ``policy``: the storage release policy (graphmem.memory.liveness).
+        write_through: paths the program writes for real; every other write goes to a layer of
+            its own, dropped after the run.
 
     Returns:
-        A MemoryReport whose ``train`` is the whole run: ``iteration_peaks`` per optimizer step;
-        with several processes the rank with the highest peak, each recorded rank in ``ranks``.
+        A MemoryReport whose ``train`` is the whole run (``iteration_peaks`` per step); with
+        several processes the rank with the highest peak, each recorded rank in ``ranks``.
 
     Raises:
         UserInputError: no such script, ``steps`` < 1, a rank outside the world, an unknown GPU.
         TraceError: the program raised, or ended before its first optimizer step.
     """
     device = "cuda" if gpu is not None else device
-    if device not in ("cpu", "cuda"):
-        raise UserInputError(f"graphmem run: unknown device {device!r}; expected cpu or cuda")
-    target = fold(Target, {"device": device, "gpu": gpu, "sdpa": sdpa, "alloc_conf": alloc_conf})
+    target = fold(Target, {"device": device, "gpu": gpu, "sdpa": sdpa, "alloc_conf": alloc_conf})  # checked there
     if isinstance(program, str):
         program = make_program(program, tuple(argv), module=module, steps=steps, nproc_per_node=nproc_per_node,
                                nnodes=nnodes, write_through=tuple(write_through), ranks=ranks, runs_on=target)
@@ -227,8 +198,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         given = (device, gpu, alloc_conf, sdpa) != ("cpu", None, None, "auto")
         program = replace(program, runs_on=target if given else program.runs_on,
                           ranks=program.ranks if ranks == "auto" else program_ranks(ranks, program.world_size))
-    where = program.runs_on
-    modeled = frozenset(str(op) for op in rules_for(where.device).scratch)
+    where, modeled = program.runs_on, frozenset(str(op) for op in rules_for(program.runs_on.device).scratch)
     cuda = CudaSetup.of(where.gpu or DEFAULT_GPU, where.alloc_conf) if where.device == "cuda" else None
     memory = partial(_gpu_memory, cuda=cuda, policy=policy, modeled=modeled)
     launched = record_program(program, partial(_gpu_target, cuda, where.sdpa, memory) if cuda is not None else None)
