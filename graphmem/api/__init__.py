@@ -178,8 +178,7 @@ def run_program(program: Program | str, argv: Sequence[str] = (), *, steps: int 
         nproc_per_node, nnodes: processes, as ``torchrun`` starts them (with a string ``program``).
         ranks: which to record: ``auto`` (rank 0, the last, each pipeline stage's first), ``all``
             or a list; ``policy``: the storage release policy (graphmem.memory.liveness).
-        write_through: paths the program writes for real; every other write goes to a layer of
-            its own, dropped after the run.
+        write_through: paths the program writes for real (the others go to a layer of its own).
 
     Returns:
         A MemoryReport whose ``train`` is the whole run (``iteration_peaks`` per step); with
