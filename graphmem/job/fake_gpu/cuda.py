@@ -167,7 +167,7 @@ def _host_stats() -> dict[str, int]:
 def _generator(gpu: FakeGpu) -> dict[str, Callable[..., Any]]:
     """torch.cuda's generator (torch.cuda.random): its state is CUDA's 16 bytes on the host
     (activation checkpointing saves and restores it), one per device of the node for the
-    ``_all`` functions; it started at 0, and setting or seeding it does nothing."""
+    ``_all`` functions; it started at 0, and setting or initialising it does nothing."""
     import torch.cuda.random as generator
 
     def state(*args: Any, **kwargs: Any) -> torch.Tensor:

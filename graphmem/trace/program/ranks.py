@@ -89,7 +89,7 @@ def _objects_each_rank_keeps(world: int) -> Iterator[None]:
     """Python objects exchanged between ranks (``broadcast_object_list``, ``all_gather_object``,
     ``gather_object``): each rank is recorded alone, so the others' objects are not here; every
     rank is taken to hold what this one holds (a broadcast leaves each rank its own object,
-    which programs compute alike on every rank: a run's name, a seed, a flag).  The fake process
+    which programs compute alike on every rank: a run's name, a random value, a flag).  The fake process
     group's invented bytes would not unpickle (Lightning's DDP broadcast failed with EOFError)."""
     import torch.distributed as dist
 
